@@ -112,6 +112,10 @@ KEYS: tuple[ConfigKey, ...] = (
         "rotation-step", 0.0, minimum=0.0, maximum=359.0,
         help="degrees between rotation groups (0 = spread evenly over 360)",
     ),
+    ConfigKey(
+        "copy-per-group", False,
+        help="each group/source gets its own transformed copy of the whole data set (IFCA)",
+    ),
     ConfigKey("test-fraction", 0.2, minimum=0.05, maximum=0.9, help="held-out local test split"),
     ConfigKey(
         "validation-fraction", 0.1, minimum=0.0, maximum=0.5,
@@ -213,5 +217,6 @@ def partition_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         "noisy_clients": settings["noisy-clients"],
         "mixture_alpha": settings["mixture-alpha"],
         "rotation_step": settings["rotation-step"],
+        "copy_per_group": settings["copy-per-group"],
         "seed": settings["seed"],
     }

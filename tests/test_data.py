@@ -448,3 +448,66 @@ def test_mixture_train_validation_and_test_splits_are_disjoint() -> None:
         np.testing.assert_array_equal(client.test_sources, test_turns // 2)
         seen.extend([*train, *val, *test])
     assert sorted(seen) == list(range(600))
+
+
+@pytest.mark.parametrize(
+    ("structure", "num_groups", "dirichlet_alpha"),
+    [("rotation", 4, 0.0), ("rotation", 3, 0.5), ("rotation-mixture", 2, 0.0)],
+)
+def test_copy_per_group_gives_every_group_the_whole_data_set(
+    structure: str, num_groups: int, dirichlet_alpha: float
+) -> None:
+    """IFCA's rotated MNIST: k transformed copies, and a held-out image is held out everywhere."""
+    dataset = indexed_dataset()
+    clients = partition_dataset(
+        dataset, 12, structure=structure, num_groups=num_groups,
+        dirichlet_alpha=dirichlet_alpha, test_fraction=0.2, validation_fraction=0.1,
+        mixture_alpha=0.3, rotation_step=90, copy_per_group=True, seed=1,
+    )
+    per_source: dict[int, list[int]] = {s: [] for s in range(num_groups)}
+    trained, held_out = set(), set()
+    for client in clients:
+        train, train_turns = trace(client.x_train, 600)
+        val, val_turns = trace(client.x_val, 600)
+        test, test_turns = trace(client.x_test, 600)
+        assert len(train) and len(val) and len(test)
+        np.testing.assert_array_equal(client.y_test, dataset.y[test])
+        # A quarter turn per source (rotation_step 90): the turns name the source.
+        turns = np.concatenate([train_turns, val_turns, test_turns])
+        for index, turn in zip([*train, *val, *test], turns, strict=True):
+            per_source[int(turn)].append(int(index))
+        trained.update(train.tolist())
+        held_out.update([*val.tolist(), *test.tolist()])
+    # No image is trained on by one client and held out by another, in any group.
+    assert not trained & held_out
+    assert len(held_out) == round(0.3 * 600)
+    for indices in per_source.values():  # each source's copy: every sample once
+        assert sorted(indices) == list(range(600))
+    sizes = [len(c.y_train) + len(c.y_val) + len(c.y_test) for c in clients]
+    assert sum(sizes) == num_groups * 600
+
+
+def test_copy_per_group_mixture_follows_each_clients_proportions() -> None:
+    clients = partition_dataset(
+        indexed_dataset(4000), 20, structure="rotation-mixture", num_groups=2,
+        mixture_alpha=0.1, rotation_step=90, validation_fraction=0.0, copy_per_group=True,
+    )
+    plain = partition_dataset(
+        indexed_dataset(4000), 20, structure="rotation-mixture", num_groups=2,
+        mixture_alpha=0.1, rotation_step=90, validation_fraction=0.0,
+    )
+    # About twice the samples per client, with the same dominant sources.
+    assert sum(len(c.y_train) for c in clients) > 1.9 * sum(len(c.y_train) for c in plain)
+    assert [int(c.mixture.argmax()) for c in clients] == [k % 2 for k in range(20)]
+    for copied, base in zip(clients, plain, strict=True):
+        assert abs(copied.mixture[0] - base.mixture[0]) < 0.15
+
+
+def test_copy_per_group_refuses_label_skew_in_a_mixture(digits: ImageDataset) -> None:
+    with pytest.raises(ValueError, match="copy_per_group"):
+        partition_dataset(
+            digits, 8, structure="rotation-mixture", num_groups=2, dirichlet_alpha=0.3,
+            copy_per_group=True,
+        )
+    with pytest.raises(ValueError, match="copy_per_group"):
+        partition_dataset(digits, 8, copy_per_group=1)  # type: ignore[arg-type]

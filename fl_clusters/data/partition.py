@@ -9,6 +9,12 @@ Two independent choices define a federation:
 
 Each client's held-out test split is drawn from its own samples by index, before any
 transform, so it is disjoint from its train split and follows the same distribution.
+
+By default the groups share one copy of the data set, each client getting a disjoint
+part of it. With ``copy_per_group`` every group (or mixture source) gets its own
+transformed copy of the whole data set, as in IFCA's rotated MNIST (k x the samples):
+then which samples are held out is decided once per sample of the data set, so that no
+image is trained on in one group and tested on in another.
 """
 
 from __future__ import annotations
@@ -30,7 +36,18 @@ MIN_CLIENT_SAMPLES = 10
 
 # Distinct streams of randomness, mixed with the seed (and client id) so that each
 # draw is reproducible on its own, whatever else is drawn before it.
-_STREAM_SHUFFLE, _STREAM_TEST, _STREAM_MIXTURE, _STREAM_PERMUTATION, _STREAM_NOISE = range(5)
+(
+    _STREAM_SHUFFLE,
+    _STREAM_TEST,
+    _STREAM_MIXTURE,
+    _STREAM_PERMUTATION,
+    _STREAM_NOISE,
+    _STREAM_ROLES,
+    _STREAM_COPY,
+) = range(7)
+
+# A sample's role when held-out splits are decided once for the whole data set.
+_ROLE_TEST, _ROLE_VALIDATION, _ROLE_TRAIN = range(3)
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ def partition_dataset(
     noisy_clients: int = 0,
     mixture_alpha: float = 0.5,
     rotation_step: float = 0.0,
+    copy_per_group: bool = False,
     seed: int = 0,
 ) -> list[ClientData]:
     """Split ``dataset`` over ``num_clients`` clients with a ground-truth group structure.
@@ -156,6 +174,16 @@ def partition_dataset(
         symmetric under a half turn (0, 1, 8); a step of 90 keeps them apart.
         In ``[0, 360)``, and the groups must not wrap around: ``rotation_step *
         (num_groups - 1) < 360``.
+    copy_per_group : bool
+        False: the groups share one copy of the data set, so a client holds about
+        ``len(dataset.y) / num_clients`` samples. True: every group (every source of
+        ``rotation-mixture``) gets its own transformed copy of the whole data set,
+        split over its clients, as in IFCA's rotated MNIST; a client then holds
+        about ``num_groups`` times more. A mixture source's copy is divided among
+        all clients in proportion to their share of that source (IID in the labels:
+        ``dirichlet_alpha`` must be 0 there). The test and validation samples are
+        chosen once per sample of the data set, so a held-out image is held out in
+        every group. No effect for ``none`` or a single group.
     seed : int
         Seed of every random draw, >= 0.
 
@@ -182,6 +210,7 @@ def partition_dataset(
         noisy_clients=noisy_clients,
         mixture_alpha=mixture_alpha,
         rotation_step=rotation_step,
+        copy_per_group=copy_per_group,
         seed=seed,
     )
     return [_materialize(dataset, plan, client) for client in range(num_clients)]
@@ -286,6 +315,7 @@ def _plan(
     noisy_clients: int = 0,
     mixture_alpha: float = 0.5,
     rotation_step: float = 0.0,
+    copy_per_group: bool = False,
     seed: int = 0,
 ) -> _Plan:
     """Validate the arguments and decide every client's indices, group and sources."""
@@ -350,41 +380,64 @@ def _plan(
             " or 0 to spread the groups evenly"
         )
     _check_int("seed", seed, minimum=0)
+    if not isinstance(copy_per_group, bool | np.bool_):
+        raise ValueError(f"copy_per_group={copy_per_group!r} is invalid; allowed: True or False")
+    copies = bool(copy_per_group) and structure != "none" and num_groups > 1
+    if copies and structure == "rotation-mixture" and dirichlet_alpha > 0.0:
+        raise ValueError(
+            f"dirichlet_alpha={dirichlet_alpha} cannot be combined with copy_per_group for "
+            f"structure 'rotation-mixture' (its sources' copies are split IID); use "
+            f"dirichlet_alpha=0 or copy_per_group=False"
+        )
     num_samples = len(dataset.y)
-    if num_samples < MIN_CLIENT_SAMPLES * num_clients:
+    # With copies each group splits the whole data set over its own clients only.
+    clients_sharing = (
+        math.ceil(num_clients / num_groups) if copies and structure != "rotation-mixture"
+        else num_clients
+    )
+    if num_samples < MIN_CLIENT_SAMPLES * clients_sharing:
         raise ValueError(
             f"num_clients={num_clients} is too many for {dataset.name!r} with "
             f"{num_samples} samples: each client needs at least {MIN_CLIENT_SAMPLES}; "
             f"use num_clients <= {num_samples // MIN_CLIENT_SAMPLES} or a larger data set"
         )
 
-    client_indices = _split_samples(dataset.y, num_clients, dirichlet_alpha, seed)
     permutations = _label_permutations(structure, num_groups, dataset.num_classes, seed)
-    clients = []
-    for client, indices in enumerate(client_indices):
-        group = 0 if structure == "none" else client % num_groups
-        order = _rng(seed, _STREAM_TEST, client).permutation(len(indices))
-        # At least one test and one train sample, whatever the rounding.
-        num_test = min(max(round(test_fraction * len(indices)), 1), len(indices) - 1)
-        num_val = min(round(validation_fraction * len(indices)), len(indices) - num_test - 1)
-        if validation_fraction > 0:
-            num_val = max(num_val, 1)
-        held_out = num_test + num_val
-        test_pos, val_pos, train_pos = order[:num_test], order[num_test:held_out], order[held_out:]
+    groups = [0 if structure == "none" else client % num_groups for client in range(num_clients)]
+    roles = None
+    if copies:
+        roles = _sample_roles(num_samples, test_fraction, validation_fraction, seed)
         if structure == "rotation-mixture":
-            mixture_rng = _rng(seed, _STREAM_MIXTURE, client)
-            proportions = _balanced_proportions(
-                mixture_rng.dirichlet(np.full(num_groups, mixture_alpha)), group, mixture_rng
-            )
-            sources = mixture_rng.choice(num_groups, size=len(indices), p=proportions)
+            proportions = np.stack([
+                _client_proportions(seed, client, num_groups, mixture_alpha)[0]
+                for client in range(num_clients)
+            ])
+            client_indices, client_sources = _split_source_copies(num_samples, proportions, seed)
         else:
-            sources = np.full(len(indices), group)
+            client_indices = _split_group_copies(
+                dataset.y, groups, num_groups, dirichlet_alpha, seed
+            )
+            client_sources = [np.full(len(idx), groups[c]) for c, idx in enumerate(client_indices)]
+    else:
+        client_indices = _split_samples(dataset.y, num_clients, dirichlet_alpha, seed)
+        client_sources = []
+        for client, indices in enumerate(client_indices):
+            if structure == "rotation-mixture":
+                share, rng = _client_proportions(seed, client, num_groups, mixture_alpha)
+                client_sources.append(rng.choice(num_groups, size=len(indices), p=share))
+            else:
+                client_sources.append(np.full(len(indices), groups[client]))
+    clients = []
+    for client, (indices, sources) in enumerate(zip(client_indices, client_sources, strict=True)):
+        test_pos, val_pos, train_pos = _held_out_positions(
+            client, indices, roles, test_fraction, validation_fraction, seed
+        )
         clients.append(
             _ClientPlan(
                 train_idx=indices[train_pos],
                 test_idx=indices[test_pos],
                 val_idx=indices[val_pos],
-                group=group,
+                group=groups[client],
                 train_sources=sources[train_pos],
                 test_sources=sources[test_pos],
                 val_sources=sources[val_pos],
@@ -392,6 +445,100 @@ def _plan(
             )
         )
     return _Plan(structure, num_groups, rotation_step, seed, permutations, tuple(clients))
+
+
+def _client_proportions(
+    seed: int, client: int, num_sources: int, mixture_alpha: float
+) -> tuple[np.ndarray, np.random.Generator]:
+    """A client's Dirichlet source proportions, its own source dominant, and its stream."""
+    rng = _rng(seed, _STREAM_MIXTURE, client)
+    draw = rng.dirichlet(np.full(num_sources, mixture_alpha))
+    return _balanced_proportions(draw, client % num_sources, rng), rng
+
+def _held_out_positions(
+    client: int,
+    indices: np.ndarray,
+    roles: np.ndarray | None,
+    test_fraction: float,
+    validation_fraction: float,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions in ``indices`` of the client's test, validation and train samples.
+
+    Without ``roles`` the client draws its own held-out shares; with them (one role
+    per sample of the data set, see :func:`_sample_roles`) a sample keeps its role.
+    """
+    order = _rng(seed, _STREAM_TEST, client).permutation(len(indices))
+    if roles is not None:
+        by_role = [order[roles[indices[order]] == role] for role in range(3)]
+        needed = (True, validation_fraction > 0, True)
+        for role, name in enumerate(("test", "validation", "train")):
+            if needed[role] and len(by_role[role]) == 0:
+                raise ValueError(
+                    f"client {client} got no {name} sample out of its {len(indices)}; use "
+                    f"fewer clients or a larger test_fraction/validation_fraction"
+                )
+        return by_role[_ROLE_TEST], by_role[_ROLE_VALIDATION], by_role[_ROLE_TRAIN]
+    # At least one test and one train sample, whatever the rounding.
+    num_test = min(max(round(test_fraction * len(indices)), 1), len(indices) - 1)
+    num_val = min(round(validation_fraction * len(indices)), len(indices) - num_test - 1)
+    if validation_fraction > 0:
+        num_val = max(num_val, 1)
+    held_out = num_test + num_val
+    return order[:num_test], order[num_test:held_out], order[held_out:]
+
+
+def _sample_roles(
+    num_samples: int, test_fraction: float, validation_fraction: float, seed: int
+) -> np.ndarray:
+    """One role (test, validation or train) per sample of the data set, seeded."""
+    order = _rng(seed, _STREAM_ROLES).permutation(num_samples)
+    num_test = round(test_fraction * num_samples)
+    num_val = round(validation_fraction * num_samples)
+    roles = np.full(num_samples, _ROLE_TRAIN, dtype=np.int64)
+    roles[order[:num_test]] = _ROLE_TEST
+    roles[order[num_test : num_test + num_val]] = _ROLE_VALIDATION
+    return roles
+
+
+def _split_group_copies(
+    labels: np.ndarray, groups: list[int], num_groups: int, dirichlet_alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Each group's copy of the whole data set, split over that group's clients."""
+    indices: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(groups)
+    for group in range(num_groups):
+        members = [client for client, g in enumerate(groups) if g == group]
+        # A distinct seed per group: the groups' copies are split differently.
+        group_seed = seed * num_groups + group
+        for client, share in zip(
+            members, _split_samples(labels, len(members), dirichlet_alpha, group_seed), strict=True
+        ):
+            indices[client] = share
+    return indices
+
+
+def _split_source_copies(
+    num_samples: int, proportions: np.ndarray, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Divide every source's copy of the data set among clients by their share of it.
+
+    Client ``k`` gets ``proportions[k, s] / proportions[:, s].sum()`` of source ``s``'s
+    shuffled copy, so its sample count is about ``num_groups * num_samples /
+    num_clients`` and its mixture follows its proportions.
+    """
+    num_clients, num_sources = proportions.shape
+    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for source in range(num_sources):
+        order = _rng(seed, _STREAM_COPY, source).permutation(num_samples)
+        shares = proportions[:, source] / proportions[:, source].sum()
+        bounds = np.round(np.concatenate([[0.0], np.cumsum(shares)]) * num_samples).astype(int)
+        for client in range(num_clients):
+            pieces[client].append(order[bounds[client] : bounds[client + 1]])
+    indices = [np.concatenate(p) for p in pieces]
+    sources = [
+        np.concatenate([np.full(len(part), s) for s, part in enumerate(p)]) for p in pieces
+    ]
+    return indices, sources
 
 
 def _split_samples(
