@@ -19,6 +19,7 @@ CLUSTER_STRUCTURES = ("rotation", "label-permutation", "none", "rotation-mixture
 MODELS = ("mlp", "cnn")
 DEVICES = ("auto", "cpu", "cuda")
 IFCA_MODES = ("model", "gradient")
+FEDSOFT_INITS = ("random", "local-kmeans")
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fedsoft-sigma", 1e-4, minimum=0.0, maximum=1.0, help="FedSoft importance floor"),
     ConfigKey("fedsoft-clients-per-cluster", 5, minimum=1, help="FedSoft K"),
     ConfigKey("fedsoft-lambda", 0.1, minimum=0.0, help="FedSoft proximal weight"),
+    ConfigKey(
+        "fedsoft-init", "random", choices=FEDSOFT_INITS,
+        help="FedSoft cluster models: random draws, or k-means of a warm-start round",
+    ),
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
     ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
     ConfigKey("fldc-r", 0.2, minimum=0.0, maximum=1.0, help="FLDC sampling rate per cluster"),

@@ -16,6 +16,7 @@ from fl_clusters.clustering import (
     cluster_feature_means,
     decide_cfl_split,
     flatten_models,
+    group_by_kmeans,
     has_positive_incentive,
     importance_weights,
     incentive,
@@ -333,6 +334,14 @@ def test_assign_by_loss_and_nearest_feature() -> None:
     np.testing.assert_array_equal(nearest_feature(query, means), [0, 2, 0])
 
 
+def test_group_by_kmeans_recovers_planted_groups() -> None:
+    updates, labels = planted_updates([6, 5, 4], noise=0.3, seed=3)
+    groups = group_by_kmeans(updates, 3, seed=0)
+    assert groups.dtype == np.int64 and sorted(set(groups.tolist())) == [0, 1, 2]
+    assert adjusted_rand_score(labels, groups) == 1.0
+    np.testing.assert_array_equal(groups, group_by_kmeans(updates, 3, seed=0))
+
+
 # ------------------------------------------------------------ bad parameters
 @pytest.mark.parametrize(
     ("call", "name"),
@@ -360,6 +369,8 @@ def test_assign_by_loss_and_nearest_feature() -> None:
         (lambda: cluster_feature_means(np.ones((2, 2)), np.array([0, 3]), 2), "labels"),
         (lambda: cluster_feature_means(np.ones((2, 2)), np.array([0, 0]), 0), "num_clusters=0"),
         (lambda: nearest_feature(np.ones((1, 2)), np.full((2, 2), np.nan)), "centroids"),
+        (lambda: group_by_kmeans(np.ones((2, 3)), 3), "num_groups=3"),
+        (lambda: group_by_kmeans(np.array([[np.nan, 1.0]]), 1), "points"),
     ],
 )
 def test_bad_parameters_raise_value_error_naming_them(

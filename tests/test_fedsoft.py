@@ -124,6 +124,58 @@ def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) 
     assert set(fields["importance_weights"]) == {str(n) for n in range(1, 7)}
 
 
+def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:
+    # Nodes 1-3 move the model one way, 4-6 the other: k-means must find the two
+    # groups, and cluster s must start as the plain mean of its group's models.
+    counts = {n: [5, 5] for n in range(1, 7)}
+    grid = CountsGrid(counts)
+    strategy = FedSoft(2, tau=2, clients_per_cluster=2, init="local-kmeans")
+    start = _model(0.0)
+    messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}), grid))  # type: ignore[arg-type]
+    assert grid.queries == 0  # no importance estimate in the warm-start round
+    assert sorted(m.metadata.dst_node_id for m in messages) == list(range(1, 7))
+    for msg in messages:
+        config = msg.content.config_records[p.CONFIG]
+        assert config[p.CFG_PERSISTENT] is True and p.CENTERS not in msg.content.array_records
+        assert msg.content.array_records[p.ARRAYS]["layer.bias"].numpy().tolist() == [0.0] * 3
+    shift = {1: 1.0, 2: 1.2, 3: 0.8, 4: -1.0, 5: -1.1, 6: -0.9}
+    replies = [
+        Message(
+            RecordDict({
+                p.ARRAYS: _model(shift[m.metadata.dst_node_id]),
+                p.METRICS: MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5}),
+            }),
+            reply_to=m,
+        )
+        for m in messages
+    ]
+    packed, metrics = strategy.aggregate_train(1, replies)
+    assert packed is not None and metrics is not None and metrics["max-tasks-per-node"] == 1
+    groups = strategy.warm_start_groups
+    assert groups[1] == groups[2] == groups[3] != groups[4] == groups[5] == groups[6]
+    means = sorted(float(m["layer.bias"].numpy()[0]) for m in p.unpack_clusters(packed))
+    np.testing.assert_allclose(means, [-1.0, 1.0], rtol=1e-6)
+    # Round 2 is FedSoft proper: the first importance estimate, then the draws.
+    list(strategy.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert grid.queries == 6 and strategy.estimate_rounds == [2]
+    assert strategy.summary_fields()["init"] == "local-kmeans"
+
+
+def test_local_kmeans_warm_start_needs_a_model_per_cluster(server_identity) -> None:
+    grid = CountsGrid({1: [1, 1], 2: [1, 1], 3: [1, 1]})
+    strategy = FedSoft(3, init="local-kmeans")
+    messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
+    one_reply = Message(
+        RecordDict({
+            p.ARRAYS: _model(1.0),
+            p.METRICS: MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5}),
+        }),
+        reply_to=messages[0],
+    )
+    with pytest.raises(ValueError, match="init='random'"):
+        strategy.aggregate_train(1, [one_reply])
+
+
 def test_cluster_models_start_different_and_config_is_checked() -> None:
     rng = np.random.default_rng(0)
     initial = p.numpy_to_record(["layer.weight"], [rng.normal(size=(3, 4)).astype(np.float32)])
@@ -132,11 +184,14 @@ def test_cluster_models_start_different_and_config_is_checked() -> None:
     assert not np.allclose(models[0]["layer.weight"].numpy(), models[1]["layer.weight"].numpy())
     for bad, name in (({"tau": 0}, "tau"), ({"sigma": 2.0}, "sigma"),
                       ({"clients_per_cluster": 0}, "clients_per_cluster"),
-                      ({"proximal_lambda": -1.0}, "proximal_lambda")):
+                      ({"proximal_lambda": -1.0}, "proximal_lambda"),
+                      ({"init": "kmeans"}, "init")):
         with pytest.raises(ValueError, match=name):
             FedSoft(2, **bad)
     with pytest.raises(ValueError, match="fedsoft-tau"):
         parse_run_config({"strategy": "fedsoft", "fedsoft-tau": 0})
+    with pytest.raises(ValueError, match="fedsoft-init"):
+        parse_run_config({"strategy": "fedsoft", "fedsoft-init": "kmeans"})
     strategy = build_strategy(
         {**parse_run_config({**MIXTURE, "strategy": "fedsoft", "fedsoft-lambda": 0.5}),
          "min-available-nodes": 4}

@@ -9,6 +9,7 @@ from fl_clusters.clustering.aggregation import inter_cluster_mix, weighted_avera
 from fl_clusters.clustering.assignment import (
     assign_by_loss,
     cluster_feature_means,
+    group_by_kmeans,
     nearest_feature,
 )
 from fl_clusters.clustering.bipartition import (
@@ -50,6 +51,7 @@ __all__ = [
     "cluster_feature_means",
     "decide_cfl_split",
     "flatten_models",
+    "group_by_kmeans",
     "has_positive_incentive",
     "importance_weights",
     "incentive",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from sklearn.cluster import KMeans
 
 from fl_clusters.clustering.similarity import _finite_matrix
 
@@ -91,3 +92,34 @@ def nearest_feature(query: np.ndarray, centroids: np.ndarray) -> np.ndarray:
         raise ValueError("centroids has no finite row: every cluster is empty")
     distances = np.linalg.norm(points[:, None, :] - table[usable][None, :, :], axis=2)
     return usable[np.argmin(distances, axis=1)]
+
+
+def group_by_kmeans(points: np.ndarray, num_groups: int, seed: int = 0) -> np.ndarray:
+    """Split clients into ``num_groups`` groups by k-means over their points.
+
+    FedSoft's optional warm start groups the clients' first local updates this
+    way, so that its cluster models start from different sources instead of from
+    random draws that fit every sample alike.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points, e.g. flattened client updates; N >= ``num_groups``.
+    num_groups : int
+        Number of groups k, >= 1.
+    seed : int (default: 0)
+        Seed of k-means' initializations (ten k-means++ starts, the best kept).
+
+    Returns
+    -------
+    np.ndarray
+        (N,) int group of every point, in [0, k - 1]; every group is non-empty
+        when the points hold at least k distinct rows.
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    if not 1 <= num_groups <= matrix.shape[0]:
+        raise ValueError(
+            f"num_groups={num_groups} is outside [1, {matrix.shape[0]}] for "
+            f"{matrix.shape[0]} points"
+        )
+    return KMeans(num_groups, n_init=10, random_state=seed).fit_predict(matrix).astype(np.int64)

@@ -15,7 +15,12 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import cluster_feature_means, inter_cluster_mix, weighted_average
+from fl_clusters.clustering import (
+    cluster_feature_means,
+    inter_cluster_mix,
+    model_updates,
+    weighted_average,
+)
 
 
 class ClusteredStrategy(Strategy):
@@ -175,6 +180,15 @@ class ClusteredStrategy(Strategy):
         ]
         weights = [ClusteredStrategy.num_examples(m) for m in replies]
         return p.numpy_to_record(names, weighted_average(models, weights))
+
+    @staticmethod
+    def updates(trained: list[Message], start: ArrayRecord) -> np.ndarray:
+        """Flattened float32 updates of the replies, relative to the model they started from."""
+        names = list(start.keys())
+        return model_updates(
+            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in trained],
+            [start[n].numpy() for n in names],
+        )
 
     def mix_clusters(self, models: list[ArrayRecord]) -> list[ArrayRecord]:
         """Apply AWCFL's inter-cluster weighting (identity when beta is 0)."""

@@ -12,7 +12,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import decide_cfl_split, model_updates
+from fl_clusters.clustering import decide_cfl_split
 from fl_clusters.strategies.base import ClusteredStrategy
 
 
@@ -104,15 +104,6 @@ class HardClusteredStrategy(ClusteredStrategy):
             }
         )
         return p.pack_clusters(models), metrics
-
-    @staticmethod
-    def updates(trained: list[Message], start: ArrayRecord) -> np.ndarray:
-        """Flattened float32 updates of the replies, relative to the model they started from."""
-        names = list(start.keys())
-        return model_updates(
-            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in trained],
-            [start[n].numpy() for n in names],
-        )
 
     def summary_fields(self) -> dict[str, Any]:
         """The number of clusters the nodes ended in."""

@@ -15,6 +15,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
+    group_by_kmeans,
     importance_weights,
     sample_per_cluster,
     selection_probabilities,
@@ -22,6 +23,8 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.ifca import random_like
+
+FEDSOFT_INITS = ("random", "local-kmeans")
 
 
 class FedSoft(ClusteredStrategy):
@@ -48,6 +51,17 @@ class FedSoft(ClusteredStrategy):
     Evaluation scores each node's own persistent model on its held-out test split;
     a node that has never trained uses the cluster model it weighs most.
 
+    Algorithm 1 leaves the cluster models' initialization open. ``init="random"``
+    draws them independently. They then fit every sample about equally, so the
+    first estimates of u carry no information and the first draws mix all
+    sources; when one network can fit every source (quarter-turn digits), both
+    clusters can settle as generalists (half of the measured runs). With
+    ``init="local-kmeans"`` round 1 is a warm-start round: every node trains its
+    persistent model once from the initial model (one local task, no proximal
+    term), the server groups the nodes' updates into S groups with k-means and
+    starts cluster s from the plain mean of group s's models; FedSoft proper runs
+    from round 2.
+
     Parameters
     ----------
     num_clusters : int (default: 2)
@@ -60,6 +74,9 @@ class FedSoft(ClusteredStrategy):
         K, nodes drawn per cluster each round.
     proximal_lambda : float (default: 0.1)
         lambda, the weight of the proximal term.
+    init : str (default: "random")
+        How the S cluster models start: ``"random"`` (independent draws) or
+        ``"local-kmeans"`` (a warm-start round, see above).
     fraction_evaluate, min_available_nodes, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
@@ -72,6 +89,7 @@ class FedSoft(ClusteredStrategy):
         sigma: float = 1e-4,
         clients_per_cluster: int = 5,
         proximal_lambda: float = 0.1,
+        init: str = "random",
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
         seed: int = 0,
@@ -87,6 +105,7 @@ class FedSoft(ClusteredStrategy):
             ("sigma", sigma, 0.0 <= sigma <= 1.0, "in [0, 1]"),
             ("clients_per_cluster", clients_per_cluster, clients_per_cluster >= 1, ">= 1"),
             ("proximal_lambda", proximal_lambda, proximal_lambda >= 0.0, ">= 0"),
+            ("init", init, init in FEDSOFT_INITS, " or ".join(FEDSOFT_INITS)),
         )
         for name, value, ok, allowed in checks:
             if not ok:
@@ -96,6 +115,9 @@ class FedSoft(ClusteredStrategy):
         self.sigma = sigma
         self.clients_per_cluster = clients_per_cluster
         self.proximal_lambda = proximal_lambda
+        self.init = init
+        self.warm_start_groups: dict[int, int] = {}
+        self._warm_start_round: int | None = None
         self.importance: dict[int, np.ndarray] = {}
         self.num_train_examples: dict[int, float] = {}
         self.estimate_rounds: list[int] = []
@@ -164,6 +186,8 @@ class FedSoft(ClusteredStrategy):
         """Estimate u when due, draw K nodes per cluster, send one task per drawn node."""
         if not p.is_packed(arrays):
             self._node_start = arrays
+            if self.init == "local-kmeans":
+                return self._configure_warm_start(server_round, arrays, config, grid)
             arrays = self.initialize(arrays)
         elif p.num_packed_clusters(arrays) != self.num_clusters:
             raise ValueError(
@@ -213,6 +237,8 @@ class FedSoft(ClusteredStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Cluster s <- plain mean of the models returned by the nodes drawn for s."""
+        if server_round == self._warm_start_round:
+            return self._aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         valid = self.check_replies(replies, models[0], "aggregate_train")
         if not valid:
@@ -244,6 +270,64 @@ class FedSoft(ClusteredStrategy):
         )
         return p.pack_clusters(new_models), metrics
 
+    # --------------------------------------------------------------- warm start
+    def _configure_warm_start(
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """``init="local-kmeans"``: every node trains its own model once from ``model``."""
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        node_config = ConfigRecord(dict(config))
+        node_config[p.CFG_ROUND] = server_round
+        node_config[p.CFG_PERSISTENT] = True
+        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
+        messages = self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        self._current = model
+        self._warm_start_round = server_round
+        self.train_tasks[server_round] = dict(Counter(m.metadata.dst_node_id for m in messages))
+        log(INFO, "configure_train: warm start, %d nodes train their own model once",
+            len(messages))
+        return messages
+
+    def _aggregate_warm_start(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Group the nodes' first updates with k-means; cluster s <- mean of group s."""
+        valid = sorted(
+            self.check_replies(replies, self._current, "fedsoft warm start"),
+            key=lambda m: m.metadata.src_node_id,
+        )
+        if len(valid) < self.num_clusters:
+            raise ValueError(
+                f"FedSoft warm start: {len(valid)} valid local models for "
+                f"{self.num_clusters} clusters; k-means needs at least one per cluster. "
+                f"Fix the failing nodes, add nodes, or use init='random'"
+            )
+        groups = group_by_kmeans(self.updates(valid, self._current), self.num_clusters, self.seed)
+        names = list(self._current.keys())
+        models = []
+        for s in range(self.num_clusters):
+            members = [m for m, g in zip(valid, groups, strict=True) if g == s]
+            layers = [[m.content.array_records[p.ARRAYS][n].numpy() for n in names]
+                      for m in members]
+            models.append(p.numpy_to_record(names, weighted_average(layers, [1.0] * len(layers))))
+        self.warm_start_groups = {
+            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
+        }
+        # The hard view until the first importance estimate replaces it.
+        self.assignments.update(self.warm_start_groups)
+        sizes = np.bincount(groups, minlength=self.num_clusters).tolist()
+        log(INFO, "round %d: FedSoft warm start: k-means groups of sizes %s", server_round, sizes)
+        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        metrics = MetricRecord(
+            {
+                p.M_TRAIN_LOSS: float(np.mean(losses)),
+                "num-trained": len(valid),
+                "warm-start-group-sizes": sizes,
+                "max-tasks-per-node": max(self.train_tasks[server_round].values(), default=0),
+            }
+        )
+        return p.pack_clusters(models), metrics
+
     # --------------------------------------------------------------- evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -261,6 +345,10 @@ class FedSoft(ClusteredStrategy):
                 str(node): u.tolist() for node, u in sorted(self.importance.items())
             },
             "importance_estimate_rounds": list(self.estimate_rounds),
+            "init": self.init,
+            "warm_start_groups": {
+                str(node): group for node, group in sorted(self.warm_start_groups.items())
+            },
             "selections": {
                 str(r): picks for r, picks in sorted(self.selections.items())
             },
@@ -272,7 +360,7 @@ class FedSoft(ClusteredStrategy):
 
     def summary(self) -> None:
         """Log FedSoft's settings."""
-        log(INFO, "\t├──> FedSoft: S=%d | tau=%d | sigma=%g | K=%d | lambda=%g",
+        log(INFO, "\t├──> FedSoft: S=%d | tau=%d | sigma=%g | K=%d | lambda=%g | init=%s",
             self.num_clusters, self.tau, self.sigma, self.clients_per_cluster,
-            self.proximal_lambda)
+            self.proximal_lambda, self.init)
         super().summary()

@@ -77,6 +77,7 @@ def _fedsoft(settings: Settings) -> Strategy:
         sigma=settings["fedsoft-sigma"],
         clients_per_cluster=settings["fedsoft-clients-per-cluster"],
         proximal_lambda=settings["fedsoft-lambda"],
+        init=settings["fedsoft-init"],
         min_available_nodes=settings["min-available-nodes"],
         seed=settings["seed"],
     )
