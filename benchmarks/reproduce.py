@@ -32,6 +32,14 @@ ROTATION = {"cluster-structure": "rotation", "num-clusters": 4}
 IID = {"cluster-structure": "none", "num-clusters": 1}
 MIXTURE = {"cluster-structure": "rotation-mixture", "num-clusters": 2}
 SKEW = {"cluster-structure": "none", "dirichlet-alpha": 0.3, "num-clusters": 1}
+# Every rotation group (mixture source) with its own rotated copy of the digits.
+ROTATION_COPIES = {**ROTATION, "copy-per-group": True}
+SKEWED_ROTATION_COPIES = {**ROTATION_COPIES, "dirichlet-alpha": 0.3}
+# FedSoft's acceptance setting (tests/test_fedsoft.py).
+MIXTURE_COPIES = {
+    **MIXTURE, "rotation-step": 90, "mixture-alpha": 0.1, "validation-fraction": 0.0,
+    "copy-per-group": True, "local-steps": 20, "num-rounds": 100,
+}
 
 # name -> (run-config overrides, number of clients). Each issue's acceptance
 # federation, plus the FedAvg run it is compared with.
@@ -59,6 +67,23 @@ SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
         {**ROTATION, "strategy": "ifca", "awcfl-beta": 0.5, "num-rounds": 15}, 20
     ),
     "ifca-mcfl-rotation": ({**ROTATION, "strategy": "ifca", "mcfl": True, "num-rounds": 15}, 20),
+    "cfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "cfl", "num-rounds": 10}, 20),
+    "acfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "acfl", "num-rounds": 10}, 20),
+    "fedavg-rotation-copies": ({**ROTATION_COPIES, "strategy": "fedavg", "num-rounds": 10}, 20),
+    "fedsoft-mixture-copies-warm": (
+        {**MIXTURE_COPIES, "strategy": "fedsoft", "fedsoft-init": "local-kmeans",
+         "fedsoft-lambda": 0.01},
+        20,
+    ),
+    "fedavg-mixture-copies": ({**MIXTURE_COPIES, "strategy": "fedavg"}, 20),
+    "fldc-skew-rotation-copies": (
+        {**SKEWED_ROTATION_COPIES, "strategy": "fldc", "num-rounds": 20}, 20
+    ),
+    "fedavg-skew-rotation-copies": (
+        {**SKEWED_ROTATION_COPIES, "strategy": "fedavg", "fraction-train": 0.2,
+         "num-rounds": 20},
+        20,
+    ),
 }
 
 COLUMNS = (

@@ -391,15 +391,13 @@ def _plan(
         )
     num_samples = len(dataset.y)
     # With copies each group splits the whole data set over its own clients only.
-    clients_sharing = (
-        math.ceil(num_clients / num_groups) if copies and structure != "rotation-mixture"
-        else num_clients
-    )
-    if num_samples < MIN_CLIENT_SAMPLES * clients_sharing:
+    copies_per_split = num_groups if copies and structure != "rotation-mixture" else 1
+    if num_samples * copies_per_split < MIN_CLIENT_SAMPLES * num_clients:
         raise ValueError(
             f"num_clients={num_clients} is too many for {dataset.name!r} with "
-            f"{num_samples} samples: each client needs at least {MIN_CLIENT_SAMPLES}; "
-            f"use num_clients <= {num_samples // MIN_CLIENT_SAMPLES} or a larger data set"
+            f"{num_samples} samples: each client needs at least {MIN_CLIENT_SAMPLES}; use "
+            f"num_clients <= {num_samples // MIN_CLIENT_SAMPLES * copies_per_split} or a "
+            f"larger data set"
         )
 
     permutations = _label_permutations(structure, num_groups, dataset.num_classes, seed)
