@@ -27,6 +27,12 @@ from fl_clusters.strategies.ifca import random_like
 FEDSOFT_INITS = ("random", "local-kmeans")
 
 
+def _plain_mean(replies: list[Message], names: list[str]) -> ArrayRecord:
+    """The unweighted mean of the replies' models (FedSoft's 1/K cluster update)."""
+    layers = [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in replies]
+    return p.numpy_to_record(names, weighted_average(layers, [1.0] * len(layers)))
+
+
 class FedSoft(ClusteredStrategy):
     """FedSoft, following Algorithm 1 of the paper.
 
@@ -253,11 +259,7 @@ class FedSoft(ClusteredStrategy):
                     server_round, s)
                 new_models.append(models[s])
                 continue
-            layers = [[m.content.array_records[p.ARRAYS][n].numpy() for n in names]
-                      for m in members]
-            new_models.append(
-                p.numpy_to_record(names, weighted_average(layers, [1.0] * len(layers)))
-            )
+            new_models.append(_plain_mean(members, names))
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
         metrics = MetricRecord(
             {
@@ -307,9 +309,7 @@ class FedSoft(ClusteredStrategy):
         models = []
         for s in range(self.num_clusters):
             members = [m for m, g in zip(valid, groups, strict=True) if g == s]
-            layers = [[m.content.array_records[p.ARRAYS][n].numpy() for n in names]
-                      for m in members]
-            models.append(p.numpy_to_record(names, weighted_average(layers, [1.0] * len(layers))))
+            models.append(_plain_mean(members, names))
         self.warm_start_groups = {
             m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
         }
