@@ -135,7 +135,8 @@ def partition_dataset(
     dataset : ImageDataset
         The whole data set, e.g. from :func:`~fl_clusters.data.load_dataset`.
     num_clients : int
-        Number of clients, at least 1 and at most ``len(dataset.y) // 10``.
+        Number of clients, at least 1 and at most ``len(dataset.y) // 10`` (times
+        ``num_groups`` with ``copy_per_group`` in a hard structure).
     structure : str
         One of :data:`CLUSTER_STRUCTURES`. ``rotation``: group ``g``'s images are
         rotated counter-clockwise by ``360 * g / num_groups`` degrees (or ``g *
@@ -452,6 +453,7 @@ def _client_proportions(
     rng = _rng(seed, _STREAM_MIXTURE, client)
     draw = rng.dirichlet(np.full(num_sources, mixture_alpha))
     return _balanced_proportions(draw, client % num_sources, rng), rng
+
 
 def _held_out_positions(
     client: int,
