@@ -146,6 +146,22 @@ def test_knee_eps_on_planted_curve() -> None:
     assert knee_eps(np.linspace(0.0, 1.0, 10)) == pytest.approx(1.0)
 
 
+def test_knee_eps_ignores_a_bump_on_a_concave_curve() -> None:
+    """The k-distance curve of 20 skewed digits clients from a CI run (FLDC, seed 1).
+
+    Its third point dips below the chord, but the curve lies above it on average:
+    taking that dip as the knee made 16 of the 20 clients noise.
+    """
+    curve = np.array(
+        [0.894, 0.906, 0.906, 0.96, 0.995, 1.012, 1.02, 1.032, 1.043, 1.054,
+         1.055, 1.063, 1.07, 1.07, 1.071, 1.075, 1.076, 1.096, 1.099, 1.103]
+    )
+    assert knee_eps(curve) == pytest.approx(1.103)
+    # The planted knee above stays: the dense part lies below the chord.
+    dense = np.linspace(0.9, 1.0, 16)
+    assert knee_eps(np.concatenate([dense, [1.6, 2.4, 3.5, 5.0]])) == pytest.approx(1.0)
+
+
 def test_k_distance_curve_excludes_the_point_itself() -> None:
     points = np.array([[0.0], [1.0], [3.0], [7.0]])
     np.testing.assert_allclose(k_distance_curve(points, 1), [1.0, 1.0, 2.0, 4.0])
