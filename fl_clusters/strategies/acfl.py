@@ -13,7 +13,7 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import GreedyIncentiveClustering, pairwise_cosine, update_norms
-from fl_clusters.strategies.cfl import HardClusteredStrategy
+from fl_clusters.strategies.base import HardClusteredStrategy
 
 
 class ACFL(HardClusteredStrategy):

@@ -3,111 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any
 
-import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fl_clusters import protocol as p
 from fl_clusters.clustering import decide_cfl_split
-from fl_clusters.strategies.base import ClusteredStrategy
-
-
-class HardClusteredStrategy(ClusteredStrategy):
-    """Clustered strategies whose server assigns each node to one cluster (CFL, ACFL).
-
-    Holds the cluster models of the current round, sends every sampled node its own
-    cluster's model, and groups the replies by cluster. A node without a cluster
-    (never seen, or released) receives every cluster model and trains the one with
-    the lowest loss on its training split; its reply's ``cluster-id`` places it.
-
-    Parameters
-    ----------
-    fraction_train, fraction_evaluate, min_available_nodes, awcfl_beta, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._models: list[ArrayRecord] = []
-
-    def cluster_of(self, node: int) -> int | None:
-        """The node's cluster; with a single cluster every node belongs to it."""
-        if len(self._models) == 1:
-            return 0
-        return self.assignments.get(node)
-
-    def assigned_train_messages(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        """One train message per sampled node, carrying its cluster's model."""
-        self._models = p.unpack_clusters(arrays)
-        if self.fraction_train == 0.0:
-            return []
-        contents: dict[int, RecordDict] = {}
-        for node in self.sample(grid, self.fraction_train):
-            node_config = ConfigRecord(dict(config))
-            node_config[p.CFG_ROUND] = server_round
-            cluster = self.cluster_of(node)
-            if cluster is None:
-                record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
-            else:
-                node_config[p.CFG_ASSIGNED] = cluster
-                record = RecordDict({p.ARRAYS: self._models[cluster], p.CONFIG: node_config})
-            contents[node] = record
-        log(INFO, "configure_train: %d nodes over %d clusters", len(contents), len(self._models))
-        return self.build_messages(contents, MessageType.TRAIN)
-
-    def replies_by_cluster(self, replies: Iterable[Message]) -> dict[int, list[Message]]:
-        """The valid train replies, grouped by the cluster whose model each node trained."""
-        members: dict[int, list[Message]] = {}
-        for msg in self.check_replies(replies, self._models[0], "aggregate_train"):
-            node = msg.metadata.src_node_id
-            cluster = self.cluster_of(node)
-            if cluster is None:
-                cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, -1))  # type: ignore[arg-type]
-                if not 0 <= cluster < len(self._models):
-                    self.rejected_replies += 1
-                    log(WARNING, "aggregate_train: rejected reply from node %d: cluster-id %d "
-                        "outside [0, %d)", node, cluster, len(self._models))
-                    continue
-            members.setdefault(cluster, []).append(msg)
-        return members
-
-    def aggregate_clusters(
-        self, models: list[ArrayRecord], groups: dict[int, list[Message]]
-    ) -> tuple[ArrayRecord, MetricRecord]:
-        """Average each cluster's members (clusters without replies keep their model).
-
-        Records every member's cluster in ``assignments`` and applies AWCFL's
-        inter-cluster mixing to the averages.
-        """
-        models = list(models)
-        for cluster, trained in groups.items():
-            models[cluster] = self.average_models(trained)
-            for msg in trained:
-                self.assignments[msg.metadata.src_node_id] = cluster
-        models = self.mix_clusters(models)
-        sizes = np.bincount(list(self.assignments.values()), minlength=len(models))
-        losses = [
-            float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS])  # type: ignore[arg-type]
-            for trained in groups.values() for m in trained
-        ]
-        metrics = MetricRecord(
-            {
-                p.M_TRAIN_LOSS: float(np.mean(losses)),
-                "cluster-sizes": sizes.astype(int).tolist(),
-                "num-clusters": len(models),
-            }
-        )
-        return p.pack_clusters(models), metrics
-
-    def summary_fields(self) -> dict[str, Any]:
-        """The number of clusters the nodes ended in."""
-        return {"num_clusters_found": len(set(self.assignments.values())) or 1}
+from fl_clusters.strategies.base import HardClusteredStrategy
 
 
 class CFL(HardClusteredStrategy):
