@@ -1,13 +1,20 @@
 """Reproduction benchmark: every strategy on the federations its issue names.
 
 Each scenario is one real Flower simulation (Ray backend, the fl-clusters ServerApp
-and ClientApp) on scikit-learn's bundled digits. The script writes one JSON file per
-scenario (the run's ``summary.json`` plus the scenario's settings) and a Markdown
-table of all scenarios measured so far to ``benchmarks/measured/``.
+and ClientApp) on scikit-learn's bundled digits, or on Fashion-MNIST for the scenarios
+named ``*-fashion-mnist`` (Debian's ``dataset-fashion-mnist``). The script writes one
+JSON file per scenario (the run's ``summary.json`` plus the scenario's settings) and a
+Markdown table of all scenarios measured so far to ``benchmarks/measured/``.
 
-    python benchmarks/reproduce.py                 # every scenario (about 20 minutes)
+    python benchmarks/reproduce.py                 # every scenario (about 25 minutes)
     python benchmarks/reproduce.py ifca-rotation fedavg-rotation
+    python benchmarks/reproduce.py --repeat 6 cfl-rotation-copies acfl-rotation-copies
     python benchmarks/reproduce.py --list
+
+``--repeat N`` runs each named scenario N times and writes the figures of every run
+to ``benchmarks/measured/repeats/`` instead: simulated node ids are random per run,
+so seeded sampling and ACFL's start clients land on other clients each time, and
+the spread over runs is what a test's margin must cover.
 
 Numbers are for 2 CPU cores; ``wall_time_s`` includes Ray's start-up.
 """
@@ -27,9 +34,12 @@ from fl_clusters.client_app import build_client_app
 from fl_clusters.server_app import build_server_app
 
 OUT = Path(__file__).resolve().parent / "measured"
+REPEATS = OUT / "repeats"
 
 ROTATION = {"cluster-structure": "rotation", "num-clusters": 4}
 IID = {"cluster-structure": "none", "num-clusters": 1}
+# ACFL in the paper's data regime (~2,400-2,800 train samples per client).
+FASHION_MNIST = {"dataset": "fashion-mnist", "acfl-trial-epochs": 3}
 MIXTURE = {"cluster-structure": "rotation-mixture", "num-clusters": 2}
 SKEW = {"cluster-structure": "none", "dirichlet-alpha": 0.3, "num-clusters": 1}
 # Every rotation group (mixture source) with its own rotated copy of the digits.
@@ -70,6 +80,12 @@ SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
     "cfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "cfl", "num-rounds": 10}, 20),
     "acfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "acfl", "num-rounds": 10}, 20),
     "fedavg-rotation-copies": ({**ROTATION_COPIES, "strategy": "fedavg", "num-rounds": 10}, 20),
+    "acfl-iid-fashion-mnist": (
+        {**IID, **FASHION_MNIST, "strategy": "acfl", "num-rounds": 7}, 20
+    ),
+    "acfl-rotation-fashion-mnist": (
+        {**ROTATION, **FASHION_MNIST, "strategy": "acfl", "num-rounds": 4}, 20
+    ),
     "fedsoft-mixture-copies-warm": (
         {**MIXTURE_COPIES, "strategy": "fedsoft", "fedsoft-init": "local-kmeans",
          "fedsoft-lambda": 0.01},
@@ -90,6 +106,11 @@ COLUMNS = (
     "strategy", "num_clusters_found", "ari", "personalized_accuracy",
     "intra_cluster_accuracy", "inter_cluster_accuracy", "rounds_to_target", "num_rounds",
     "bytes_sent", "wall_time_s",
+)
+# What --repeat keeps of every run: the clustering found and what it cost.
+REPEAT_FIELDS = (
+    "num_clusters_found", "ari", "personalized_accuracy", "trial_evaluations",
+    "clustering_round", "split_rounds", "rounds_to_target", "wall_time_s",
 )
 
 
@@ -141,12 +162,71 @@ def write_table() -> Path:
     return table
 
 
+def _spread(values: list[Any]) -> str:
+    """One cell of the repeats table: the value, or min..max over runs."""
+    if all(v is None for v in values):
+        return "-"
+    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        low, high = min(values), max(values)
+        return _cell(low) if low == high else f"{_cell(low)}..{_cell(high)}"
+    return ", ".join(sorted({_cell(v) for v in values}))
+
+
+def write_repeats_table() -> Path:
+    """Write the Markdown table of every repeated scenario and return its path."""
+    columns = REPEAT_FIELDS[:-1]
+    lines = [
+        "| scenario | runs | " + " | ".join(columns) + " |",
+        "|---" * (len(columns) + 2) + "|",
+    ]
+    for name in SCENARIOS:
+        path = REPEATS / f"{name}.json"
+        if not path.is_file():
+            continue
+        runs = json.loads(path.read_text())["runs"]
+        cells = [_spread([run.get(c) for run in runs]) for c in columns]
+        lines.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + " |")
+    table = REPEATS / "README.md"
+    table.write_text(
+        "# Repeated runs, measured by benchmarks/reproduce.py --repeat N\n\n"
+        "2 CPU cores; each cell is the value, or min..max over the runs (lists: every "
+        "value seen). Every run of a scenario uses the same settings and seed; they "
+        "differ by the simulated node ids. One JSON per scenario beside this file.\n\n"
+        + "\n".join(lines) + "\n"
+    )
+    return table
+
+
+def repeat_scenario(name: str, repeats: int) -> Path:
+    """Run one scenario ``repeats`` times and write the figures of every run."""
+    overrides, num_clients = SCENARIOS[name]
+    runs = []
+    for _ in range(repeats):
+        summary = run_scenario(name)
+        runs.append({field: summary.get(field) for field in REPEAT_FIELDS})
+        print(f"{name} run {len(runs)}: {runs[-1]}", flush=True)
+    path = REPEATS / f"{name}.json"
+    path.write_text(
+        json.dumps(
+            {"scenario": name, "num_clients": num_clients, "run_config": overrides, "runs": runs},
+            indent=2,
+        )
+    )
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the named scenarios (all by default) and rewrite the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N",
+        help="run each scenario N times and write every run's figures to measured/repeats/",
+    )
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat} must be >= 1")
     if args.list:
         for name, (overrides, clients) in SCENARIOS.items():
             print(f"{name}: {clients} clients, {overrides}")
@@ -154,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; see --list")
+    if args.repeat > 1:
+        REPEATS.mkdir(parents=True, exist_ok=True)
+        for name in args.scenarios or list(SCENARIOS):
+            repeat_scenario(name, args.repeat)
+        print(f"table: {write_repeats_table()}")
+        return 0
     OUT.mkdir(parents=True, exist_ok=True)
     for name in args.scenarios or list(SCENARIOS):
         result = run_scenario(name)
