@@ -174,6 +174,7 @@ def _spread(values: list[Any]) -> str:
 
 def write_repeats_table() -> Path:
     """Write the Markdown table of every repeated scenario and return its path."""
+    # Wall time stays in the JSON files: it measures the machine, not the clustering.
     columns = REPEAT_FIELDS[:-1]
     lines = [
         "| scenario | runs | " + " | ".join(columns) + " |",
@@ -197,7 +198,7 @@ def write_repeats_table() -> Path:
     return table
 
 
-def repeat_scenario(name: str, repeats: int) -> Path:
+def repeat_scenario(name: str, repeats: int) -> None:
     """Run one scenario ``repeats`` times and write the figures of every run."""
     overrides, num_clients = SCENARIOS[name]
     runs = []
@@ -205,14 +206,12 @@ def repeat_scenario(name: str, repeats: int) -> Path:
         summary = run_scenario(name)
         runs.append({field: summary.get(field) for field in REPEAT_FIELDS})
         print(f"{name} run {len(runs)}: {runs[-1]}", flush=True)
-    path = REPEATS / f"{name}.json"
-    path.write_text(
+    (REPEATS / f"{name}.json").write_text(
         json.dumps(
             {"scenario": name, "num_clients": num_clients, "run_config": overrides, "runs": runs},
             indent=2,
         )
     )
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument(
         "--repeat", type=int, default=1, metavar="N",
-        help="run each scenario N times and write every run's figures to measured/repeats/",
+        help="N > 1: run each scenario N times and write every run's figures to "
+        "measured/repeats/ (default 1: one run each, to measured/)",
     )
     args = parser.parse_args(argv)
     if args.repeat < 1:
@@ -234,14 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; see --list")
+    names = args.scenarios or list(SCENARIOS)
     if args.repeat > 1:
         REPEATS.mkdir(parents=True, exist_ok=True)
-        for name in args.scenarios or list(SCENARIOS):
+        for name in names:
             repeat_scenario(name, args.repeat)
         print(f"table: {write_repeats_table()}")
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
-    for name in args.scenarios or list(SCENARIOS):
+    for name in names:
         result = run_scenario(name)
         (OUT / f"{name}.json").write_text(json.dumps(result, indent=2, default=str))
         print(f"{name}: " + ", ".join(f"{c}={_cell(result.get(c))}" for c in COLUMNS), flush=True)
