@@ -77,6 +77,13 @@ SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
         {**ROTATION, "strategy": "ifca", "awcfl-beta": 0.5, "num-rounds": 15}, 20
     ),
     "ifca-mcfl-rotation": ({**ROTATION, "strategy": "ifca", "mcfl": True, "num-rounds": 15}, 20),
+    # MCFL and AWCFL's acceptance setting (tests/test_fldc_awcfl_mcfl.py).
+    "acfl-mcfl-rotation-copies": (
+        {**ROTATION_COPIES, "strategy": "acfl", "mcfl": True, "num-rounds": 10}, 20
+    ),
+    "acfl-awcfl-rotation-copies": (
+        {**ROTATION_COPIES, "strategy": "acfl", "awcfl-beta": 0.5, "num-rounds": 10}, 20
+    ),
     "cfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "cfl", "num-rounds": 10}, 20),
     "acfl-rotation-copies": ({**ROTATION_COPIES, "strategy": "acfl", "num-rounds": 10}, 20),
     "fedavg-rotation-copies": ({**ROTATION_COPIES, "strategy": "fedavg", "num-rounds": 10}, 20),

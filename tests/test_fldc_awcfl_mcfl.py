@@ -17,7 +17,13 @@ from fl_clusters.strategies import FLDC, IFCA
 from fl_clusters.strategies.registry import build_strategy
 
 ROTATION = {"cluster-structure": "rotation", "num-clusters": 4}
-IFCA_ROTATION = {**ROTATION, "strategy": "ifca", "num-rounds": 12}
+# MCFL picks a model by the mean of a client's test inputs. With a plain split each
+# client holds ~18 test digits, and in about 1 run in 4 one of the 20 means lands
+# nearer another rotation's feature (benchmarks/mcfl_choice.py); that one client
+# then costs ~2.5 points of intra-cluster accuracy, beyond the 2-point bar.
+# A copy of the data per group (~72 test digits per client) errs in 1 draw of 900.
+# ACFL, not IFCA, clusters those copies: IFCA merges the 0 and 180 degree copies.
+ACFL_ROTATION_COPIES = {**ROTATION, "copy-per-group": True, "strategy": "acfl", "num-rounds": 10}
 
 
 @pytest.fixture
@@ -220,7 +226,7 @@ def test_fldc_keeps_up_with_fedavg_under_label_skew(federation) -> None:
 
 
 def test_awcfl_raises_inter_cluster_accuracy_and_mcfl_picks_the_right_model(federation) -> None:
-    plain = federation({**IFCA_ROTATION, "mcfl": True})
+    plain = federation({**ACFL_ROTATION_COPIES, "mcfl": True})
     # MCFL changes only which model is used at inference, so the same run also
     # scores the models without it (assigned_*: each client keeps its own cluster).
     assert plain["ari"] >= 0.9, plain
@@ -229,7 +235,7 @@ def test_awcfl_raises_inter_cluster_accuracy_and_mcfl_picks_the_right_model(fede
     assert abs(
         plain["intra_cluster_accuracy"] - plain["assigned_intra_cluster_accuracy"]
     ) <= 0.02
-    mixed = federation({**IFCA_ROTATION, "awcfl-beta": 0.5})
+    mixed = federation({**ACFL_ROTATION_COPIES, "awcfl-beta": 0.5})
     assert mixed["inter_cluster_accuracy"] > plain["assigned_inter_cluster_accuracy"], (
         mixed["inter_cluster_accuracy"],
         plain["assigned_inter_cluster_accuracy"],
