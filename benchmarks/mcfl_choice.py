@@ -41,10 +41,15 @@ def flat_mean(images: np.ndarray) -> np.ndarray:
 
 
 def wrong_choices(clients: list[ClientData], rng: np.random.Generator) -> int:
-    """Clients whose test mean picks another group's feature, for one draw of uploads."""
+    """Clients whose test mean picks another group's feature, for one draw of uploads.
+
+    Each upload is the mean of at most ``FEATURE_SAMPLES`` training inputs, as in
+    ``TorchLearner.feature_mean``.
+    """
     truth = np.array([c.true_cluster for c in clients])
     uploads = np.stack([
-        flat_mean(c.x_train[rng.choice(len(c.x_train), FEATURE_SAMPLES, replace=False)])
+        flat_mean(c.x_train[rng.choice(len(c.x_train), min(FEATURE_SAMPLES, len(c.x_train)),
+                                    replace=False)])
         for c in clients
     ])
     features = cluster_feature_means(uploads, truth, NUM_GROUPS)
