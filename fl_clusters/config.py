@@ -15,7 +15,9 @@ from typing import Any
 
 STRATEGIES = ("ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc")
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
-CLUSTER_STRUCTURES = ("rotation", "label-permutation", "none", "rotation-mixture")
+CLUSTER_STRUCTURES = (
+    "rotation", "label-permutation", "none", "rotation-mixture", "label-permutation-mixture"
+)
 MODELS = ("mlp", "cnn")
 DEVICES = ("auto", "cpu", "cuda")
 IFCA_MODES = ("model", "gradient")

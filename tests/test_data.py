@@ -511,3 +511,53 @@ def test_copy_per_group_refuses_label_skew_in_a_mixture(digits: ImageDataset) ->
         )
     with pytest.raises(ValueError, match="copy_per_group"):
         partition_dataset(digits, 8, copy_per_group=1)  # type: ignore[arg-type]
+
+
+def sample_index(images: np.ndarray, num_samples: int) -> np.ndarray:
+    """Index of each unrotated image of :func:`indexed_dataset`."""
+    return np.rint(images[:, 0, 0, 0] * (num_samples + 1)).astype(int) - 1
+
+
+def test_label_permutation_mixture_relabels_each_sample_by_its_source() -> None:
+    dataset = indexed_dataset(4000)
+    clients = partition_dataset(
+        dataset, 8, structure="label-permutation-mixture", num_groups=3, mixture_alpha=0.5,
+        validation_fraction=0.1, seed=4,
+    )
+    new_labels: dict[int, set[int]] = {}
+    for client in clients:
+        _, turns = trace(client.x_train, 4000)
+        assert not turns.any()  # images are not transformed
+        assert client.mixture.shape == (3,) and client.mixture.sum() == pytest.approx(1.0)
+        assert client.true_cluster == int(np.argmax(client.mixture))
+        original = dataset.y[sample_index(client.x_train, 4000)]
+        for label, new in zip(original, client.y_train, strict=True):
+            new_labels.setdefault(int(label), set()).add(int(new))
+    # Three sources relabel each original label to at most three labels, one of them
+    # itself (source 0 keeps the identity), and not all to the same one.
+    assert all(label in news and 2 <= len(news) <= 3 for label, news in new_labels.items())
+    assert any(np.count_nonzero(client.mixture > 0.1) > 1 for client in clients)
+
+
+def test_label_permutation_mixture_labels_follow_the_test_sources() -> None:
+    dataset = indexed_dataset(4000)
+    clients = partition_dataset(
+        dataset, 6, structure="label-permutation-mixture", num_groups=2, mixture_alpha=0.3,
+        seed=1,
+    )
+    changed = 0
+    for client in clients:
+        original = dataset.y[sample_index(client.x_test, 4000)]
+        identity = client.test_sources == 0
+        np.testing.assert_array_equal(client.y_test[identity], original[identity])
+        changed += int((client.y_test[~identity] != original[~identity]).sum())
+    assert changed > 0
+
+
+def test_label_permutation_mixture_needs_a_positive_mixture_alpha() -> None:
+    with pytest.raises(
+        ValueError, match=r"mixture_alpha=0\.0 is invalid for structure 'label-permutation-mixture'"
+    ):
+        partition_dataset(
+            indexed_dataset(), 4, structure="label-permutation-mixture", mixture_alpha=0.0
+        )

@@ -28,7 +28,17 @@ import numpy as np
 
 from fl_clusters.data.loaders import ImageDataset, load_dataset
 
-CLUSTER_STRUCTURES = ("rotation", "label-permutation", "none", "rotation-mixture")
+CLUSTER_STRUCTURES = (
+    "rotation",
+    "label-permutation",
+    "none",
+    "rotation-mixture",
+    "label-permutation-mixture",
+)
+# Structures whose clients mix several sources sample by sample (FedSoft, FedEM).
+MIXTURE_STRUCTURES = ("rotation-mixture", "label-permutation-mixture")
+# Structures whose groups (or sources) relabel the samples.
+PERMUTATION_STRUCTURES = ("label-permutation", "label-permutation-mixture")
 
 # Smallest number of samples a client may get from the partitioner: enough for a
 # train and a test split with a few samples each.
@@ -166,8 +176,8 @@ def partition_dataset(
     noisy_clients : int
         The last ``noisy_clients`` clients get uniformly random train and test labels.
     mixture_alpha : float
-        Concentration of the per-client source proportions for
-        ``rotation-mixture``, > 0 (smaller is closer to one source per client).
+        Concentration of the per-client source proportions for the mixture
+        structures, > 0 (smaller is closer to one source per client).
     rotation_step : float
         Degrees between consecutive rotation groups (or sources): group ``g`` is
         rotated by ``g * rotation_step``. 0 spreads the groups evenly, ``360 * g /
@@ -178,7 +188,7 @@ def partition_dataset(
     copy_per_group : bool
         False: the groups share one copy of the data set, so a client holds about
         ``len(dataset.y) / num_clients`` samples. True: every group (every source of
-        ``rotation-mixture``) gets its own transformed copy of the whole data set,
+        a mixture) gets its own transformed copy of the whole data set,
         split over its clients, as in IFCA's rotated MNIST; a client then holds
         about ``num_groups`` times more. A mixture source's copy is divided among
         all clients in proportion to their share of that source (IID in the labels:
@@ -333,7 +343,7 @@ def _plan(
             f"num_groups={num_groups} exceeds num_clients={num_clients}; with structure "
             f"{structure!r} every group needs a client: use num_groups <= num_clients"
         )
-    if structure == "label-permutation" and num_groups > math.factorial(dataset.num_classes):
+    if structure in PERMUTATION_STRUCTURES and num_groups > math.factorial(dataset.num_classes):
         raise ValueError(
             f"num_groups={num_groups} exceeds the {math.factorial(dataset.num_classes)} "
             f"distinct permutations of {dataset.num_classes} labels; use fewer groups"
@@ -366,9 +376,9 @@ def _plan(
     mixture_alpha = _check_number(
         "mixture_alpha", mixture_alpha, 0.0, math.inf, "a finite number > 0"
     )
-    if structure == "rotation-mixture" and mixture_alpha == 0.0:
+    if structure in MIXTURE_STRUCTURES and mixture_alpha == 0.0:
         raise ValueError(
-            "mixture_alpha=0.0 is invalid for structure 'rotation-mixture'; allowed: a "
+            f"mixture_alpha=0.0 is invalid for structure {structure!r}; allowed: a "
             "finite number > 0 (small values give one dominant source per client)"
         )
     rotation_step = _check_number(
@@ -384,15 +394,15 @@ def _plan(
     if not isinstance(copy_per_group, bool | np.bool_):
         raise ValueError(f"copy_per_group={copy_per_group!r} is invalid; allowed: True or False")
     copies = bool(copy_per_group) and structure != "none" and num_groups > 1
-    if copies and structure == "rotation-mixture" and dirichlet_alpha > 0.0:
+    if copies and structure in MIXTURE_STRUCTURES and dirichlet_alpha > 0.0:
         raise ValueError(
             f"dirichlet_alpha={dirichlet_alpha} cannot be combined with copy_per_group for "
-            f"structure 'rotation-mixture' (its sources' copies are split IID); use "
+            f"structure {structure!r} (its sources' copies are split IID); use "
             f"dirichlet_alpha=0 or copy_per_group=False"
         )
     num_samples = len(dataset.y)
     # With copies each group splits the whole data set over its own clients only.
-    copies_per_split = num_groups if copies and structure != "rotation-mixture" else 1
+    copies_per_split = num_groups if copies and structure not in MIXTURE_STRUCTURES else 1
     if num_samples * copies_per_split < MIN_CLIENT_SAMPLES * num_clients:
         raise ValueError(
             f"num_clients={num_clients} is too many for {dataset.name!r} with "
@@ -406,7 +416,7 @@ def _plan(
     roles = None
     if copies:
         roles = _sample_roles(num_samples, test_fraction, validation_fraction, seed)
-        if structure == "rotation-mixture":
+        if structure in MIXTURE_STRUCTURES:
             proportions = np.stack([
                 _client_proportions(seed, client, num_groups, mixture_alpha)[0]
                 for client in range(num_clients)
@@ -421,7 +431,7 @@ def _plan(
         client_indices = _split_samples(dataset.y, num_clients, dirichlet_alpha, seed)
         client_sources = []
         for client, indices in enumerate(client_indices):
-            if structure == "rotation-mixture":
+            if structure in MIXTURE_STRUCTURES:
                 share, rng = _client_proportions(seed, client, num_groups, mixture_alpha)
                 client_sources.append(rng.choice(num_groups, size=len(indices), p=share))
             else:
@@ -587,7 +597,7 @@ def _label_permutations(
     structure: str, num_groups: int, num_classes: int, seed: int
 ) -> tuple[np.ndarray, ...]:
     """Group g's relabeling ``perm_g`` (identity for group 0), pairwise distinct."""
-    if structure != "label-permutation":
+    if structure not in PERMUTATION_STRUCTURES:
         return ()
     rng = _rng(seed, _STREAM_PERMUTATION)
     permutations = [np.arange(num_classes)]
@@ -641,6 +651,9 @@ def _apply(
             x[mask] = _rotate(x[mask], int(source), plan)
     elif plan.structure == "label-permutation":
         y = plan.permutations[client.group][y]
+    elif plan.structure == "label-permutation-mixture":
+        # Every sample is relabelled by its own source's permutation.
+        y = np.stack(plan.permutations)[sources, y]
     if client.noisy:
         y = _rng(plan.seed, _STREAM_NOISE, noise_stream).integers(
             dataset.num_classes, size=len(y), dtype=np.int64
