@@ -21,6 +21,9 @@ CLUSTER_STRUCTURES = (
 MODELS = ("mlp", "cnn")
 DEVICES = ("auto", "cpu", "cuda")
 IFCA_MODES = ("model", "gradient")
+IFCA_INITS = ("local-kmeans", "random")
+IFCA_AGGREGATIONS = ("weighted", "paper")
+GATES = ("relative", "absolute")
 FEDSOFT_INITS = ("random", "local-kmeans")
 
 
@@ -140,8 +143,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("proximal-mu", 0.01, minimum=0.0, help="FedProx proximal weight"),
     ConfigKey("ifca-mode", "model", choices=IFCA_MODES, help="IFCA model or gradient averaging"),
     ConfigKey(
-        "ifca-restarts", 10, minimum=1,
-        help="IFCA random initializations to try (most balanced first choice wins)",
+        "ifca-restarts", 1, minimum=1,
+        help="IFCA random initializations to try (ifca-init='random'; most balanced wins)",
     ),
     ConfigKey("ifca-head-layers", 0, minimum=0, help="IFCA weight sharing: clustered last layers"),
     ConfigKey("awcfl-beta", 0.0, minimum=0.0, maximum=1.0, help="AWCFL inter-cluster mixing"),
@@ -162,7 +165,7 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("acfl-max-rejections", 3, minimum=1, help="ACFL: close a cluster after m misses"),
     ConfigKey("acfl-mean-norm-max", 0.4, minimum=0.0, help="ACFL phase 1: mean norm below"),
     ConfigKey("acfl-max-norm-min", 0.0, minimum=0.0, help="ACFL phase 1: max norm above"),
-    ConfigKey("acfl-phase1-rounds", 5, minimum=1, help="ACFL phase 1 round budget"),
+    ConfigKey("acfl-phase1-rounds", 10, minimum=1, help="ACFL phase 1 round budget"),
     # 60 epochs of a digits client's ~63 samples are 120 SGD steps, the order of the
     # paper's 15 epochs over ~3,000 MNIST samples in batches of 128 (about 350 steps).
     ConfigKey("acfl-trial-epochs", 60, minimum=1, help="ACFL trial federation local epochs"),
@@ -177,6 +180,48 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
     ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
     ConfigKey("fldc-r", 0.2, minimum=0.0, maximum=1.0, help="FLDC sampling rate per cluster"),
+    # Issue 13: clusters found on the user's data (docs/clustering-defaults.md).
+    ConfigKey(
+        "group-sizes", "",
+        help="shares of the clients per group, e.g. '0.4,0.3,0.2,0.1' ('' = equal groups)",
+    ),
+    ConfigKey(
+        "ifca-init", "local-kmeans", choices=IFCA_INITS,
+        help="IFCA start: k-means of a first local round, or the paper's random models",
+    ),
+    ConfigKey("ifca-server-lr", 0.5, minimum=0.0, help="IFCA gradient mode: server step gamma"),
+    ConfigKey(
+        "ifca-aggregation", "weighted", choices=IFCA_AGGREGATIONS,
+        help="IFCA: example-weighted means, or the paper's unweighted updates",
+    ),
+    ConfigKey(
+        "ifca-reseed-after", 3, minimum=0,
+        help="IFCA: re-seed a cluster no client chose for this many rounds (0 = never)",
+    ),
+    ConfigKey(
+        "cfl-gate", "relative", choices=GATES,
+        help="CFL split norms: relative to the run's own norms, or absolute eps1/eps2",
+    ),
+    ConfigKey(
+        "cfl-mean-ratio", 1.5, minimum=0.0,
+        help="CFL relative gate: mean norm < this x the cluster's largest earlier mean norm",
+    ),
+    ConfigKey(
+        "cfl-max-ratio", 1.5, minimum=0.0,
+        help="CFL relative gate: max client norm > this x the mean update norm",
+    ),
+    ConfigKey(
+        "acfl-gate", "relative", choices=GATES,
+        help="ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
+    ),
+    ConfigKey(
+        "acfl-converge-window", 2, minimum=1,
+        help="ACFL relative gate: rounds averaged on each side of the comparison",
+    ),
+    ConfigKey(
+        "acfl-converge-tolerance", 0.1, minimum=0.0, maximum=1.0,
+        help="ACFL relative gate: converged when the mean norm changes by less than this",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}
@@ -213,6 +258,28 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
+def parse_group_sizes(text: str) -> tuple[float, ...] | None:
+    """The ``group-sizes`` key as shares, or ``None`` for equal groups.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated positive numbers ("0.4,0.3,0.2,0.1" or "4,3,2,1"), or "".
+    """
+    if not text.strip():
+        return None
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        shares = ()
+    if not shares or not all(share > 0 and share != float("inf") for share in shares):
+        raise ValueError(
+            f"run-config key 'group-sizes' has invalid value {text!r}; allowed: '' or "
+            f"comma-separated positive numbers, one per group, e.g. '0.4,0.3,0.2,0.1'"
+        )
+    return shares
+
+
 def partition_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     """Return the keyword arguments that define the federated data partition."""
     return {
@@ -225,5 +292,6 @@ def partition_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         "mixture_alpha": settings["mixture-alpha"],
         "rotation_step": settings["rotation-step"],
         "copy_per_group": settings["copy-per-group"],
+        "group_sizes": parse_group_sizes(settings["group-sizes"]),
         "seed": settings["seed"],
     }

@@ -24,6 +24,12 @@ from fl_clusters.clustering.density import (
     knee_eps,
     stratified_sample,
 )
+from fl_clusters.clustering.gates import (
+    has_converged,
+    relative_split_gate,
+    unit_rows,
+    widest_group,
+)
 from fl_clusters.clustering.ordering import (
     GreedyIncentiveClustering,
     has_positive_incentive,
@@ -52,6 +58,7 @@ __all__ = [
     "decide_cfl_split",
     "flatten_models",
     "group_by_kmeans",
+    "has_converged",
     "has_positive_incentive",
     "importance_weights",
     "incentive",
@@ -62,10 +69,13 @@ __all__ = [
     "nearest_feature",
     "order_by_similarity",
     "pairwise_cosine",
+    "relative_split_gate",
     "sample_per_cluster",
     "selection_probabilities",
     "should_split",
     "stratified_sample",
+    "unit_rows",
     "update_norms",
     "weighted_average",
+    "widest_group",
 ]

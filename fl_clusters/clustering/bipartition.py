@@ -95,8 +95,16 @@ class CFLSplitDecision:
     max_cross_similarity: float
 
 
+MIN_SPLIT_MEMBERS = 3
+
+
 def decide_cfl_split(
-    updates: np.ndarray, eps1: float, eps2: float, gamma_max: float
+    updates: np.ndarray,
+    eps1: float,
+    eps2: float,
+    gamma_max: float,
+    *,
+    norms_qualify: bool | None = None,
 ) -> CFLSplitDecision:
     """Decide whether one CFL cluster splits, from its members' updates this round.
 
@@ -115,22 +123,29 @@ def decide_cfl_split(
         Split only when the largest cross-partition cosine similarity is below
         it, in [-1, 1]; at 1 only exactly parallel updates on both sides block
         a split.
+    norms_qualify : bool | None (default: None)
+        The outcome of a norm test made by the caller (e.g.
+        :func:`~fl_clusters.clustering.relative_split_gate`); ``None`` applies
+        :func:`should_split` with ``eps1`` and ``eps2``.
 
     Returns
     -------
     CFLSplitDecision
         The decision with the norms and the cross similarity that led to it.
-        A cluster with fewer than 2 clients never splits.
+        A cluster with fewer than ``MIN_SPLIT_MEMBERS`` (3) clients never splits:
+        the authors split only clusters of more than two, a split of two would
+        leave two single clients without a federation.
     """
     if not -1.0 <= gamma_max <= 1.0:
         raise ValueError(f"gamma_max={gamma_max} is outside [-1, 1]")
     mean_norm, max_norm = update_norms(updates)
-    norms_qualify = should_split(mean_norm, max_norm, eps1, eps2)
+    if norms_qualify is None:
+        norms_qualify = should_split(mean_norm, max_norm, eps1, eps2)
     count = len(updates)
     if count < 2:
         return CFLSplitDecision(False, np.zeros(count, dtype=np.int64), mean_norm, max_norm, np.nan)
     labels, max_cross = bipartition_by_cosine(pairwise_cosine(updates))
-    split = norms_qualify and max_cross < gamma_max
+    split = norms_qualify and count >= MIN_SPLIT_MEMBERS and max_cross < gamma_max
     return CFLSplitDecision(
         split=split,
         labels=labels if split else np.zeros(count, dtype=np.int64),

@@ -136,6 +136,7 @@ def partition_dataset(
     mixture_alpha: float = 0.5,
     rotation_step: float = 0.0,
     copy_per_group: bool = False,
+    group_sizes: tuple[float, ...] | None = None,
     seed: int = 0,
 ) -> list[ClientData]:
     """Split ``dataset`` over ``num_clients`` clients with a ground-truth group structure.
@@ -195,6 +196,12 @@ def partition_dataset(
         ``dirichlet_alpha`` must be 0 there). The test and validation samples are
         chosen once per sample of the data set, so a held-out image is held out in
         every group. No effect for ``none`` or a single group.
+    group_sizes : tuple[float, ...] | None
+        Unequal groups for ``rotation`` and ``label-permutation``: one positive
+        share per group (``num_groups`` of them, normalized to sum 1). Group ``g``
+        then holds ``round(share_g * num_clients)`` consecutive client ids (largest
+        remainders, at least one client each) instead of the clients ``i`` with
+        ``i % num_groups == g``. ``None`` keeps equal groups.
     seed : int
         Seed of every random draw, >= 0.
 
@@ -222,6 +229,7 @@ def partition_dataset(
         mixture_alpha=mixture_alpha,
         rotation_step=rotation_step,
         copy_per_group=copy_per_group,
+        group_sizes=group_sizes,
         seed=seed,
     )
     return [_materialize(dataset, plan, client) for client in range(num_clients)]
@@ -327,6 +335,7 @@ def _plan(
     mixture_alpha: float = 0.5,
     rotation_step: float = 0.0,
     copy_per_group: bool = False,
+    group_sizes: tuple[float, ...] | None = None,
     seed: int = 0,
 ) -> _Plan:
     """Validate the arguments and decide every client's indices, group and sources."""
@@ -412,7 +421,7 @@ def _plan(
         )
 
     permutations = _label_permutations(structure, num_groups, dataset.num_classes, seed)
-    groups = [0 if structure == "none" else client % num_groups for client in range(num_clients)]
+    groups = _client_groups(structure, num_clients, num_groups, group_sizes)
     roles = None
     if copies:
         roles = _sample_roles(num_samples, test_fraction, validation_fraction, seed)
@@ -454,6 +463,39 @@ def _plan(
             )
         )
     return _Plan(structure, num_groups, rotation_step, seed, permutations, tuple(clients))
+
+
+def _client_groups(
+    structure: str, num_clients: int, num_groups: int, group_sizes: tuple[float, ...] | None
+) -> list[int]:
+    """Every client's group: ``i % num_groups``, or consecutive blocks sized by shares."""
+    if group_sizes is None:
+        return [0 if structure == "none" else c % num_groups for c in range(num_clients)]
+    if structure not in ("rotation", "label-permutation"):
+        raise ValueError(
+            f"group_sizes={group_sizes} applies to the hard structures 'rotation' and "
+            f"'label-permutation', not {structure!r}; leave it empty (None) for {structure!r}"
+        )
+    shares = np.asarray(group_sizes, dtype=np.float64)
+    if shares.shape != (num_groups,) or not np.all(np.isfinite(shares)) or np.any(shares <= 0):
+        raise ValueError(
+            f"group_sizes={group_sizes} is invalid; allowed: {num_groups} positive finite "
+            f"shares, one per group (num_groups={num_groups})"
+        )
+    if num_clients < num_groups:
+        raise ValueError(
+            f"num_clients={num_clients} cannot give each of {num_groups} groups a client"
+        )
+    # Largest remainders of the shares, then every empty group takes a client
+    # from the largest one, so that every group exists.
+    ideal = shares / shares.sum() * num_clients
+    counts = np.floor(ideal).astype(np.int64)
+    order = np.argsort(-(ideal - counts), kind="stable")
+    counts[order[: num_clients - int(counts.sum())]] += 1
+    for group in np.flatnonzero(counts == 0):
+        counts[np.argmax(counts)] -= 1
+        counts[group] = 1
+    return np.repeat(np.arange(num_groups), counts).tolist()
 
 
 def _client_proportions(

@@ -12,7 +12,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import GreedyIncentiveClustering, pairwise_cosine, update_norms
+from fl_clusters.clustering import (
+    GreedyIncentiveClustering,
+    has_converged,
+    pairwise_cosine,
+    update_norms,
+)
 from fl_clusters.strategies.base import HardClusteredStrategy
 
 
@@ -20,8 +25,12 @@ class ACFL(HardClusteredStrategy):
     """ACFL: FedAvg, then one similarity-ordered greedy clustering, then FedAvg per cluster.
 
     Phase 1 runs FedAvg over all nodes until the norms of the clients' updates
-    show convergence (mean update norm below ``mean_norm_max`` and largest update
-    norm above ``max_norm_min``) or ``phase1_rounds`` rounds have run. Phase 2, at
+    show convergence or ``phase1_rounds`` rounds have run. The default relative
+    gate ends it once the mean update norm has levelled off (its mean over the
+    last ``converge_window`` rounds within ``converge_tolerance`` of the window
+    before), so the clustering sees a trained FedAvg model, as in the paper,
+    whatever the model's scale; the absolute gate ends it when the mean update
+    norm is below ``mean_norm_max`` and the largest above ``max_norm_min``. Phase 2, at
     the start of the next round, clusters once: the cosine similarities of the
     last phase-1 updates order the candidates, and
     :class:`~fl_clusters.clustering.GreedyIncentiveClustering` grows each cluster
@@ -63,12 +72,19 @@ class ACFL(HardClusteredStrategy):
     max_rejections : int (default: 3)
         Largest number ``m`` of consecutive rejections that closes a cluster; it
         shrinks with the number of unplaced nodes.
+    gate : str (default: "relative")
+        ``"relative"`` (norms level off) or ``"absolute"`` (the two thresholds).
+    converge_window : int (default: 2)
+        Relative gate: rounds averaged on each side of the comparison, >= 1.
+    converge_tolerance : float (default: 0.1)
+        Relative gate: largest relative change of the windowed mean norm, in (0, 1).
     mean_norm_max : float (default: 0.4)
-        Phase 1 ends once the mean update norm is below this, >= 0 ...
+        Absolute gate: phase 1 ends once the mean update norm is below this, >= 0 ...
     max_norm_min : float (default: 0.0)
         ... and the largest client update norm is above this, >= 0.
-    phase1_rounds : int (default: 5)
-        Phase 1 ends after this many rounds whatever the norms, >= 1.
+    phase1_rounds : int (default: 10)
+        Phase 1 ends after this many rounds whatever the norms, >= 1 (the paper
+        clusters at round 40 of 100-round runs; the bundled runs are 10-20 rounds).
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
@@ -84,9 +100,12 @@ class ACFL(HardClusteredStrategy):
         *,
         beta: float = -0.17,
         max_rejections: int = 3,
+        gate: str = "relative",
+        converge_window: int = 2,
+        converge_tolerance: float = 0.1,
         mean_norm_max: float = 0.4,
         max_norm_min: float = 0.0,
-        phase1_rounds: int = 5,
+        phase1_rounds: int = 10,
         trial_epochs: int = 60,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
@@ -109,6 +128,14 @@ class ACFL(HardClusteredStrategy):
             raise ValueError(f"beta={beta} must be a finite number")
         if max_rejections < 1:
             raise ValueError(f"max_rejections={max_rejections} must be >= 1")
+        if gate not in ("relative", "absolute"):
+            raise ValueError(f"gate={gate!r} is unknown; allowed: relative, absolute")
+        if converge_window < 1 or not 0.0 < converge_tolerance < 1.0:
+            raise ValueError(
+                f"converge_window={converge_window} must be >= 1 and converge_tolerance="
+                f"{converge_tolerance} in (0, 1) (run-config 'acfl-converge-window', "
+                "'acfl-converge-tolerance')"
+            )
         if not (mean_norm_max >= 0.0 and max_norm_min >= 0.0):
             raise ValueError(
                 f"mean_norm_max={mean_norm_max} and max_norm_min={max_norm_min} must be >= 0"
@@ -119,6 +146,9 @@ class ACFL(HardClusteredStrategy):
             )
         self.beta = beta
         self.max_rejections = max_rejections
+        self.gate = gate
+        self.converge_window = converge_window
+        self.converge_tolerance = converge_tolerance
         self.mean_norm_max = mean_norm_max
         self.max_norm_min = max_norm_min
         self.phase1_rounds = phase1_rounds
@@ -128,6 +158,7 @@ class ACFL(HardClusteredStrategy):
         self._clustering_due = False
         self._last_nodes: list[int] = []
         self._last_updates = np.zeros((0, 0), dtype=np.float32)
+        self._phase1_norms: list[float] = []
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -155,12 +186,15 @@ class ACFL(HardClusteredStrategy):
             mean_norm, max_norm = update_norms(updates)
             self._last_nodes = [m.metadata.src_node_id for m in trained]
             self._last_updates = updates
-            converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
+            self._phase1_norms.append(mean_norm)
+            if self.gate == "relative":
+                converged = has_converged(np.array(self._phase1_norms), self.converge_window,
+                                          self.converge_tolerance)
+            else:
+                converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
             self._clustering_due = converged or server_round >= self.phase1_rounds
-            log(INFO, "round %d: ACFL phase 1: mean update norm %.4f (< %.4g: %s), max %.4f "
-                "(> %.4g: %s)%s", server_round, mean_norm, self.mean_norm_max,
-                mean_norm < self.mean_norm_max, max_norm, self.max_norm_min,
-                max_norm > self.max_norm_min,
+            log(INFO, "round %d: ACFL phase 1 (%s gate): mean update norm %.4f, max %.4f, "
+                "converged: %s%s", server_round, self.gate, mean_norm, max_norm, converged,
                 "; clustering next round" if self._clustering_due else "")
             metrics["mean-update-norm"] = mean_norm
             metrics["max-update-norm"] = max_norm
@@ -288,7 +322,9 @@ class ACFL(HardClusteredStrategy):
 
     def summary(self) -> None:
         """Log ACFL's settings."""
-        log(INFO, "\t├──> ACFL: beta=%.3g | m=%d | phase 1: mean norm < %.4g, max norm > %.4g, "
-            "at most %d rounds | trial epochs %d", self.beta, self.max_rejections,
-            self.mean_norm_max, self.max_norm_min, self.phase1_rounds, self.trial_epochs)
+        log(INFO, "\t├──> ACFL: beta=%.3g | m=%d | phase 1: %s gate (window %d, tolerance "
+            "%.3g | mean norm < %.4g, max norm > %.4g), at most %d rounds | trial epochs %d",
+            self.beta, self.max_rejections, self.gate, self.converge_window,
+            self.converge_tolerance, self.mean_norm_max, self.max_norm_min, self.phase1_rounds,
+            self.trial_epochs)
         super().summary()

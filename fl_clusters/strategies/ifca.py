@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -11,9 +12,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.clustering import group_by_kmeans, unit_rows, widest_group
 from fl_clusters.strategies.base import ClusteredStrategy
 
 MODES = ("model", "gradient")
+INITS = ("local-kmeans", "random")
+AGGREGATIONS = ("weighted", "paper")
 
 
 def random_like(model: ArrayRecord, rng: np.random.Generator) -> ArrayRecord:
@@ -58,7 +62,8 @@ class IFCA(ClusteredStrategy):
     the lowest loss on their training data, and return either a model trained for
     tau local steps from it (model averaging) or the gradient at it (gradient
     averaging). The server averages per chosen cluster; a cluster no client chose
-    keeps its model.
+    keeps its model, and one that no client chose for ``reseed_after`` rounds in a
+    row is re-seeded from the cluster whose members disagree most.
 
     Parameters
     ----------
@@ -66,17 +71,33 @@ class IFCA(ClusteredStrategy):
         k, the number of cluster models.
     mode : str (default: "model")
         ``"model"`` (option II, model averaging) or ``"gradient"`` (option I).
-    server_lr : float (default: 0.1)
-        Gradient averaging step size gamma (unused for model averaging).
+    server_lr : float (default: 0.5)
+        Gradient averaging step size gamma (unused for model averaging), > 0.
+    aggregation : str (default: "weighted")
+        ``"weighted"``: a cluster becomes its members' example-weighted mean model
+        (or steps along their example-weighted mean gradient). ``"paper"``: the
+        paper's updates, unweighted: option II takes the plain mean of the
+        members' models, option I steps ``theta_j - gamma / m * sum of cluster
+        j's gradients`` with m the clients that answered this round.
     head_layers : int (default: 0)
         Weight sharing: 0 clusters the whole model; h > 0 clusters only the last h
         layers and trains the rest as one shared body with FedAvg over all clients.
-    restarts : int (default: 10)
-        Random initializations to try; the one whose first loss-based assignment
-        is most balanced across clusters is kept. Each costs one query round (no
-        training). One initialization often lets two groups share a model while a
-        cluster stays empty for good (seen on 4-rotation digits: ARI 0.54 and 0.68
-        with one, 1.0 on seeds 0-3 with ten).
+        The body starts from the initial model (a pretrained body is kept).
+    init : str (default: "local-kmeans")
+        ``"local-kmeans"``: in the first round every sampled client trains the
+        initial model locally, k-means over the unit-norm updates groups them,
+        and cluster j starts as the mean of group j's models: one ordinary round,
+        and the groups follow the data whatever its structure. ``"random"``: the
+        paper's k random models (``restarts`` of them tried).
+    restarts : int (default: 1)
+        With ``init="random"``: random initializations to try; the one whose first
+        loss-based assignment is most balanced across clusters is kept. Each costs
+        one query round that sends all k models to every sampled client.
+    reseed_after : int (default: 3)
+        A cluster no client chose for this many rounds in a row is re-seeded:
+        the members of the cluster with the widest spread of updates are split in
+        two by 2-means and each side's mean becomes one of the two models. 0
+        never re-seeds.
     fraction_train, fraction_evaluate, min_available_nodes, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     awcfl_beta, mcfl, mcfl_feature_samples
@@ -89,9 +110,12 @@ class IFCA(ClusteredStrategy):
         num_clusters: int = 4,
         *,
         mode: str = "model",
-        server_lr: float = 0.1,
+        server_lr: float = 0.5,
+        aggregation: str = "weighted",
         head_layers: int = 0,
-        restarts: int = 10,
+        init: str = "local-kmeans",
+        restarts: int = 1,
+        reseed_after: int = 3,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
@@ -111,18 +135,30 @@ class IFCA(ClusteredStrategy):
         )
         if num_clusters < 1:
             raise ValueError(f"num_clusters={num_clusters} must be >= 1")
-        if mode not in MODES:
-            raise ValueError(f"mode={mode!r} is unknown; allowed: {', '.join(MODES)}")
-        if head_layers < 0 or restarts < 1:
+        for name, value, allowed in (("mode", mode, MODES), ("init", init, INITS),
+                                     ("aggregation", aggregation, AGGREGATIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
+        if head_layers < 0 or restarts < 1 or reseed_after < 0:
             raise ValueError(
-                f"head_layers={head_layers} must be >= 0 and restarts={restarts} >= 1"
+                f"head_layers={head_layers} and reseed_after={reseed_after} must be >= 0 "
+                f"and restarts={restarts} >= 1"
             )
+        if not server_lr > 0.0:
+            raise ValueError(f"server_lr={server_lr} must be > 0 (run-config 'ifca-server-lr')")
         self.num_clusters = num_clusters
         self.mode = mode
         self.server_lr = server_lr
+        self.aggregation = aggregation
         self.head_layers = head_layers
+        self.init = init
         self.restarts = restarts
+        self.reseed_after = reseed_after
+        self.reseeds: list[tuple[int, int, int]] = []
+        self.init_groups: dict[int, int] = {}
+        self._idle_rounds = np.zeros(num_clusters, dtype=np.int64)
         self._current = ArrayRecord()
+        self._warm_start = False
 
     def assignment_for(self, node_id: int) -> int | None:
         """IFCA clients choose their cluster themselves, by loss, every time."""
@@ -130,7 +166,7 @@ class IFCA(ClusteredStrategy):
 
     # ------------------------------------------------------------ initialization
     def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
-        """Pack k randomly initialized cluster models (sharing a body if asked).
+        """Pack k randomly drawn cluster models around the initial model's body.
 
         With ``restarts`` > 1 and a grid, each candidate initialization is scored by
         how evenly the sampled clients' loss-based choices spread over the clusters.
@@ -164,19 +200,79 @@ class IFCA(ClusteredStrategy):
         rng = np.random.default_rng(seed)
         if self.head_layers == 0:
             return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
-        heads = head_keys(model, self.head_layers)
-        body, head = p.split_shared(model, heads)
+        body, head = p.split_shared(model, head_keys(model, self.head_layers))
+        # Only the heads are drawn: the body is the user's (possibly pretrained) one.
         return p.pack_clusters(
-            [random_like(head, rng) for _ in range(self.num_clusters)],
-            shared=random_like(body, rng),
+            [random_like(head, rng) for _ in range(self.num_clusters)], shared=body
         )
+
+    def _configure_warm_start(
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """``init="local-kmeans"``: every sampled node trains the single initial model."""
+        self._warm_start = True
+        self._current = model
+        node_config = ConfigRecord(dict(config))
+        node_config[p.CFG_ROUND] = server_round
+        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
+        nodes = self.sample(grid, self.fraction_train)
+        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model",
+            len(nodes))
+        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+
+    def _aggregate_warm_start(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Group the first local models by k-means; cluster j <- mean of group j."""
+        self._warm_start = False
+        model = self._current
+        valid = sorted(
+            self.check_replies(replies, model, "ifca warm start"),
+            key=lambda m: m.metadata.src_node_id,
+        )
+        if len(valid) < self.num_clusters:
+            raise ValueError(
+                f"IFCA warm start: {len(valid)} valid local models for {self.num_clusters} "
+                f"clusters; k-means needs at least one per cluster. Sample more nodes "
+                f"(fraction-train), fix the failing nodes, or use ifca-init='random'"
+            )
+        groups = group_by_kmeans(unit_rows(self.updates(valid, model)), self.num_clusters,
+                                 self.seed)
+        heads = head_keys(model, self.head_layers) if self.head_layers else list(model)
+        body = [name for name in model if name not in heads]
+        members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
+                   for j in range(self.num_clusters)]
+        new_heads = [self._step(p.split_shared(model, heads)[1], group, heads, len(valid))
+                     for group in members]
+        shared = self._step(p.split_shared(model, heads)[0], valid, body, len(valid)) if body \
+            else None
+        self.init_groups = {
+            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
+        }
+        self.assignments.update(self.init_groups)
+        sizes = np.bincount(groups, minlength=self.num_clusters)
+        log(INFO, "round %d: IFCA warm start: k-means groups of sizes %s", server_round,
+            sizes.tolist())
+        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        metrics = MetricRecord(
+            {
+                p.M_TRAIN_LOSS: float(np.mean(losses)),
+                "cluster-sizes": sizes.astype(int).tolist(),
+                "num-clusters": int((sizes > 0).sum()),
+            }
+        )
+        return p.pack_clusters(new_heads, shared=shared), metrics
 
     # ----------------------------------------------------------------- training
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send all k cluster models to the sampled nodes."""
+        """Send all k cluster models to the sampled nodes (the initial model in a warm start)."""
+        if self.fraction_train == 0.0:
+            return []
         if not p.is_packed(arrays):
+            if self.init == "local-kmeans" and self.num_clusters > 1:
+                return self._configure_warm_start(server_round, arrays, config, grid)
             arrays = self.initialize(arrays, grid)
         elif p.num_packed_clusters(arrays) != self.num_clusters:
             raise ValueError(
@@ -184,13 +280,10 @@ class IFCA(ClusteredStrategy):
                 f"num_clusters={self.num_clusters}"
             )
         self._current = arrays
-        if self.fraction_train == 0.0:
-            return []
         node_config = ConfigRecord(dict(config))
         node_config[p.CFG_ROUND] = server_round
         if self.mode == "gradient":
             node_config[p.CFG_RETURN] = "gradient"
-            self.server_lr = float(config.get(p.CFG_LR, self.server_lr))  # type: ignore[arg-type]
         record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
         log(INFO, "configure_train: %d nodes get %d cluster models", len(nodes), self.num_clusters)
@@ -199,7 +292,9 @@ class IFCA(ClusteredStrategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Average the returned models (or apply the mean gradient) per chosen cluster."""
+        """Average the returned models (or apply the gradients) per chosen cluster."""
+        if self._warm_start:
+            return self._aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         valid = []
         for msg in self.check_replies(replies, models[0], "aggregate_train"):
@@ -215,16 +310,18 @@ class IFCA(ClusteredStrategy):
             return None, None
         heads = head_keys(models[0], self.head_layers) if self.head_layers else list(models[0])
         body = [name for name in models[0] if name not in heads]
-        new_heads = []
-        for j, model in enumerate(models):
-            members = [msg for c, msg in valid if c == j]
-            _, head = p.split_shared(model, heads)
-            new_heads.append(self._step(head, members, heads) if members else head)
+        members = [[msg for c, msg in valid if c == j] for j in range(self.num_clusters)]
+        old_heads = [p.split_shared(model, heads)[1] for model in models]
+        new_heads = [
+            self._step(head, group, heads, len(valid)) if group else head
+            for head, group in zip(old_heads, members, strict=True)
+        ]
+        self._reseed_idle(server_round, old_heads, new_heads, members, heads, len(valid))
         new_heads = self.mix_clusters(new_heads)
         shared = None
         if body:
             old_body, _ = p.split_shared(models[0], heads)
-            shared = self._step(old_body, [msg for _, msg in valid], body)
+            shared = self._step(old_body, [msg for _, msg in valid], body, len(valid))
         packed = p.pack_clusters(new_heads, shared=shared)
         sizes = np.bincount([c for c, _ in valid], minlength=self.num_clusters)
         losses = [float(msg.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for _, msg in valid]  # type: ignore[arg-type]
@@ -234,25 +331,111 @@ class IFCA(ClusteredStrategy):
                 p.M_TRAIN_LOSS: float(np.mean(losses)),
                 "cluster-sizes": sizes.astype(int).tolist(),
                 "num-clusters": int((sizes > 0).sum()),
+                "reseeds": len(self.reseeds),
             }
         )
         return packed, metrics
 
-    def _step(self, old: ArrayRecord, members: list[Message], keys: list[str]) -> ArrayRecord:
-        """New arrays for ``keys``: members' average model, or a step along their mean gradient."""
-        average = self.average_models(members, keys)
-        if self.mode == "model":
-            return average
+    def _reseed_idle(
+        self,
+        server_round: int,
+        old_heads: list[ArrayRecord],
+        new_heads: list[ArrayRecord],
+        members: list[list[Message]],
+        keys: list[str],
+        num_replies: int,
+    ) -> None:
+        """Re-seed, in place, clusters that no client chose for ``reseed_after`` rounds.
+
+        The donor is the cluster whose members' updates spread most; 2-means over
+        its unit updates splits them, one side keeps the donor, the other side's
+        model becomes the idle cluster. Keeping an idle cluster's stale model
+        instead lets two groups share one model for the rest of the run.
+        """
+        chosen = np.array([bool(group) for group in members])
+        self._idle_rounds = np.where(chosen, 0, self._idle_rounds + 1)
+        if self.reseed_after == 0:
+            return
+        for idle in np.flatnonzero(self._idle_rounds >= self.reseed_after):
+            updates = [
+                self._head_updates(group, old_heads[j], keys) if len(group) >= 2
+                else np.zeros((0, 1))
+                for j, group in enumerate(members)
+            ]
+            donor = widest_group(updates)
+            if donor is None:
+                return
+            sides = group_by_kmeans(unit_rows(updates[donor]), 2, self.seed)
+            if sides.min() == sides.max():
+                return
+            group = members[donor]
+            stay = [m for m, side in zip(group, sides, strict=True) if side == 0]
+            move = [m for m, side in zip(group, sides, strict=True) if side == 1]
+            new_heads[donor] = self._step(old_heads[donor], stay, keys, num_replies)
+            new_heads[idle] = self._step(old_heads[donor], move, keys, num_replies)
+            members[donor], members[idle] = stay, move
+            self._idle_rounds[idle] = 0
+            self.reseeds.append((server_round, int(idle), int(donor)))
+            log(INFO, "round %d: IFCA re-seeded cluster %d (no client for %d rounds) by "
+                "splitting cluster %d into %d + %d clients", server_round, idle,
+                self.reseed_after, donor, len(stay), len(move))
+
+    def _head_updates(
+        self, group: list[Message], start: ArrayRecord, keys: list[str]
+    ) -> np.ndarray:
+        """The members' flattened updates of ``keys`` (their gradients in gradient mode)."""
+        if self.mode == "gradient":
+            return np.stack([
+                np.concatenate([m.content.array_records[p.ARRAYS][k].numpy().ravel() for k in keys])
+                for m in group
+            ]).astype(np.float64)
+        return self.updates(group, p.numpy_to_record(keys, [start[k].numpy() for k in keys]))
+
+    def _step(
+        self, old: ArrayRecord, members: list[Message], keys: list[str], num_replies: int
+    ) -> ArrayRecord:
+        """New arrays for ``keys`` from the members' models, or a step along their gradients.
+
+        ``num_replies`` is the paper's m, the clients that answered this round.
+        """
+        if self.aggregation == "weighted":
+            average = self.average_models(members, keys)
+            if self.mode == "model":
+                return average
+            factor = self.server_lr
+        else:
+            average = p.numpy_to_record(keys, [
+                np.mean([m.content.array_records[p.ARRAYS][k].numpy() for m in members], axis=0,
+                        dtype=np.float64)
+                for k in keys
+            ])
+            if self.mode == "model":
+                return p.numpy_to_record(
+                    keys, [average[k].numpy().astype(old[k].numpy().dtype) for k in keys]
+                )
+            # gamma / m * sum of the cluster's gradients = gamma * |S_j| / m * their mean.
+            factor = self.server_lr * len(members) / num_replies
         return p.numpy_to_record(
             keys,
             [
-                (old[k].numpy() - self.server_lr * average[k].numpy()).astype(old[k].numpy().dtype)
+                (old[k].numpy() - factor * average[k].numpy()).astype(old[k].numpy().dtype)
                 for k in keys
             ],
         )
 
+    def summary_fields(self) -> dict[str, Any]:
+        """Initialization and re-seeding: what the run's clusters started from."""
+        return {
+            "ifca_init": self.init,
+            "init_groups": {str(node): group for node, group in self.init_groups.items()},
+            "reseeds": [list(r) for r in self.reseeds],
+            "num_reseeds": len(self.reseeds),
+        }
+
     def summary(self) -> None:
         """Log IFCA's settings."""
-        log(INFO, "\t├──> IFCA: k=%d | mode=%s | head layers=%d | restarts=%d",
-            self.num_clusters, self.mode, self.head_layers, self.restarts)
+        log(INFO, "\t├──> IFCA: k=%d | mode=%s | aggregation=%s | server lr=%.4g | head "
+            "layers=%d | init=%s (restarts %d) | re-seed after %d idle rounds",
+            self.num_clusters, self.mode, self.aggregation, self.server_lr, self.head_layers,
+            self.init, self.restarts, self.reseed_after)
         super().summary()

@@ -38,9 +38,12 @@ def _ifca(settings: Settings) -> Strategy:
     return IFCA(
         settings["num-clusters"],
         mode=settings["ifca-mode"],
-        server_lr=settings["lr"],
+        server_lr=settings["ifca-server-lr"],
+        aggregation=settings["ifca-aggregation"],
         head_layers=settings["ifca-head-layers"],
+        init=settings["ifca-init"],
         restarts=settings["ifca-restarts"],
+        reseed_after=settings["ifca-reseed-after"],
         **_inter_cluster(settings),
         **_common(settings),
     )
@@ -48,6 +51,9 @@ def _ifca(settings: Settings) -> Strategy:
 
 def _cfl(settings: Settings) -> Strategy:
     return CFL(
+        gate=settings["cfl-gate"],
+        mean_ratio=settings["cfl-mean-ratio"],
+        max_ratio=settings["cfl-max-ratio"],
         eps1=settings["cfl-eps1"],
         eps2=settings["cfl-eps2"],
         split_threshold=settings["cfl-split-threshold"],
@@ -61,6 +67,9 @@ def _acfl(settings: Settings) -> Strategy:
     return ACFL(
         beta=settings["acfl-beta"],
         max_rejections=settings["acfl-max-rejections"],
+        gate=settings["acfl-gate"],
+        converge_window=settings["acfl-converge-window"],
+        converge_tolerance=settings["acfl-converge-tolerance"],
         mean_norm_max=settings["acfl-mean-norm-max"],
         max_norm_min=settings["acfl-max-norm-min"],
         phase1_rounds=settings["acfl-phase1-rounds"],

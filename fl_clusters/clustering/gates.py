@@ -1,0 +1,157 @@
+"""Scale-free convergence gates (CFL, ACFL) and the choice of a cluster to re-seed (IFCA).
+
+Update norms scale with the model, the learning rate and the local work: an
+absolute threshold tuned for one MLP never fires for a CNN trained five epochs.
+The gates here compare norms measured in the same run with each other instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_clusters.clustering.similarity import _finite_matrix
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (np.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name}={value} is outside (0, inf)")
+
+
+def relative_split_gate(
+    mean_norm: float,
+    max_norm: float,
+    reference_norm: float,
+    mean_ratio: float,
+    max_ratio: float,
+) -> bool:
+    """CFL's norm test with thresholds relative to the run's own norms.
+
+    The joint objective is near a stationary point when the mean update has
+    shrunk to a fraction of the mean update the cluster had when it started
+    (``mean_norm < mean_ratio * reference_norm``), and some client is still far
+    from its own when the largest client update is many times the mean
+    (``max_norm > max_ratio * mean_norm``). Both ratios are free of the norms'
+    scale.
+
+    Parameters
+    ----------
+    mean_norm : float
+        Norm of the mean client update this round, >= 0.
+    max_norm : float
+        Largest client update norm this round, >= 0.
+    reference_norm : float
+        The cluster's largest mean-update norm over its first rounds, >= 0.
+    mean_ratio : float
+        Fraction of ``reference_norm`` the mean norm must fall below, > 0.
+    max_ratio : float
+        Multiple of ``mean_norm`` the largest norm must exceed, > 0.
+
+    Returns
+    -------
+    bool
+        Whether the norms qualify for a split.
+    """
+    for name, value in (("mean_norm", mean_norm), ("max_norm", max_norm),
+                        ("reference_norm", reference_norm)):
+        if not (np.isfinite(value) and value >= 0.0):
+            raise ValueError(f"{name}={value} is outside [0, inf)")
+    _check_positive("mean_ratio", mean_ratio)
+    _check_positive("max_ratio", max_ratio)
+    return bool(mean_norm < mean_ratio * reference_norm and max_norm > max_ratio * mean_norm)
+
+
+def has_converged(mean_norms: np.ndarray, window: int, tolerance: float) -> bool:
+    """Whether a run's mean-update norms have levelled off (ACFL's end of phase 1).
+
+    FedAvg has converged when the mean update norm of the last ``window`` rounds
+    is within ``tolerance`` (relative) of the mean of the ``window`` rounds
+    before them: neither still falling (the model still descends) nor rising
+    (it still accelerates from its random start). The test compares the run
+    with itself, so it holds the same for any model and learning rate.
+
+    Parameters
+    ----------
+    mean_norms : np.ndarray
+        (T,) non-negative mean-update norm of every round so far, oldest first.
+    window : int
+        Rounds averaged on each side, >= 1; fewer than ``2 * window`` rounds
+        never count as converged.
+    tolerance : float
+        Relative change below which the norms count as flat, in (0, 1).
+
+    Returns
+    -------
+    bool
+        ``|mean(last window) - mean(window before)| <= tolerance * mean(window before)``.
+    """
+    norms = np.asarray(mean_norms, dtype=np.float64)
+    if norms.ndim != 1 or not np.all(np.isfinite(norms)) or np.any(norms < 0):
+        raise ValueError("mean_norms must be a 1-D array of finite values >= 0")
+    if window < 1:
+        raise ValueError(f"window={window} is outside [1, inf)")
+    if not 0.0 < tolerance < 1.0:
+        raise ValueError(f"tolerance={tolerance} is outside (0, 1)")
+    if norms.size < 2 * window:
+        return False
+    recent = norms[-window:].mean()
+    before = norms[-2 * window:-window].mean()
+    return bool(abs(recent - before) <= tolerance * before)
+
+
+def widest_group(groups: list[np.ndarray]) -> int | None:
+    """The group whose points spread most: IFCA re-seeds an empty cluster from it.
+
+    Spread is the sum of squared distances of a group's points to their mean
+    (k-means' inertia for one centre): the cluster whose members disagree most
+    is the one most likely to hold two true groups on one model.
+
+    Parameters
+    ----------
+    groups : list of np.ndarray
+        One (N_j, D) array per group (N_j may be 0), all with the same D.
+
+    Returns
+    -------
+    int | None
+        Index of the widest group with at least 2 points; ``None`` when no
+        group has 2 points (nothing can be split).
+    """
+    best, best_spread = None, -1.0
+    width = None
+    for index, points in enumerate(groups):
+        matrix = np.asarray(points, dtype=np.float64)
+        if matrix.size == 0:
+            continue
+        matrix = _finite_matrix(f"groups[{index}]", matrix)
+        if width is not None and matrix.shape[1] != width:
+            raise ValueError(
+                f"groups[{index}] has {matrix.shape[1]} columns, earlier groups have {width}"
+            )
+        width = matrix.shape[1]
+        if matrix.shape[0] < 2:
+            continue
+        spread = float(((matrix - matrix.mean(axis=0)) ** 2).sum())
+        if spread > best_spread:
+            best, best_spread = index, spread
+    return best
+
+
+def unit_rows(points: np.ndarray) -> np.ndarray:
+    """Every row scaled to unit L2 norm (zero rows stay zero).
+
+    K-means over unit updates groups clients by the direction they move in, as
+    CFL's cosine similarity does, not by how far (which follows their data size).
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points.
+
+    Returns
+    -------
+    np.ndarray
+        (N, D) float64 rows of norm 1, or 0 for a zero row.
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
