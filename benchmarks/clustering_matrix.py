@@ -1,0 +1,191 @@
+"""Clustering matrix: do the default settings find the groups on data they were not tuned on?
+
+Every cell is one real Flower simulation (Ray backend, the fl-clusters ServerApp and
+ClientApp) with default settings, no per-scenario tuning:
+strategy x structure x data set x model x seed. The strategies run with their
+defaults; FedAvg and local-only runs of the same cell are the baselines of the
+personalized accuracy. Results go to ``benchmarks/measured/clustering_matrix.json``
+(one entry per cell, written after every run, so an interrupted run resumes where it
+stopped) and the table ``docs/clustering-matrix.md`` is regenerated from that file.
+
+    python benchmarks/clustering_matrix.py ifca cfl acfl             # full matrix
+    python benchmarks/clustering_matrix.py ifca --quick              # digits, mlp, seed 0
+    python benchmarks/clustering_matrix.py cfl --data digits --model cnn --structure rotation
+    python benchmarks/clustering_matrix.py --table                   # only rebuild the table
+
+Strategy names are any ``strategy`` the run config accepts (``fedsoft`` runs on the
+mixture structures only, as its model needs). Numbers are for 2 shared CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "measured" / "clustering_matrix.json"
+TABLE = ROOT / "docs" / "clustering-matrix.md"
+
+# name -> run-config overrides. "unequal" is 4 rotation groups of 40/30/20/10 %.
+STRUCTURES: dict[str, dict[str, Any]] = {
+    "rotation": {"cluster-structure": "rotation", "num-clusters": 4},
+    "label-permutation": {"cluster-structure": "label-permutation", "num-clusters": 4},
+    "label-permutation-dir0.5": {
+        "cluster-structure": "label-permutation", "num-clusters": 4, "dirichlet-alpha": 0.5,
+    },
+    "none": {"cluster-structure": "none", "num-clusters": 1},
+    "unequal": {
+        "cluster-structure": "rotation", "num-clusters": 4, "group-sizes": "0.4,0.3,0.2,0.1",
+    },
+    "rotation-mixture": {"cluster-structure": "rotation-mixture", "num-clusters": 2},
+}
+MIXTURES = ("rotation-mixture",)
+DATASETS = ("digits", "fashion-mnist")
+MODELS = ("mlp", "cnn")
+BASELINES = ("fedavg", "local")
+# Digits: 20 clients of ~63 samples; Fashion-MNIST: 20 clients of ~2,800.
+CLIENTS = 20
+ROUNDS = {"ifca": 15, "cfl": 25, "acfl": 20, "fedsoft": 30}
+DATA_SETTINGS = {"fashion-mnist": {"acfl-trial-epochs": 3}}
+
+
+def cell_key(strategy: str, structure: str, data: str, model: str, seed: int) -> str:
+    """The cell's id in the results file."""
+    return f"{strategy}|{structure}|{data}|{model}|{seed}"
+
+
+def run_cell(strategy: str, structure: str, data: str, model: str, seed: int) -> dict[str, Any]:
+    """One simulation with default settings; returns the figures the table needs."""
+    from flwr.simulation import run_simulation
+
+    from fl_clusters.client_app import build_client_app
+    from fl_clusters.server_app import build_server_app
+
+    with tempfile.TemporaryDirectory() as folder:
+        settings = {
+            **STRUCTURES[structure],
+            **DATA_SETTINGS.get(data, {}),
+            "strategy": strategy,
+            "dataset": data,
+            "model": model,
+            "seed": seed,
+            "num-rounds": ROUNDS.get(strategy, 15),
+            "min-nodes": CLIENTS,
+            "results-dir": folder,
+        }
+        start = time.time()
+        run_simulation(
+            server_app=build_server_app(settings),
+            client_app=build_client_app(settings),
+            num_supernodes=CLIENTS,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+        summary = json.loads(next(Path(folder).glob("*/summary.json")).read_text())
+    return {
+        "ari": summary.get("ari"),
+        "num_clusters_found": summary.get("num_clusters_found"),
+        "personalized_accuracy": summary.get("personalized_accuracy"),
+        "num_rounds": settings["num-rounds"],
+        "num_reseeds": summary.get("num_reseeds"),
+        "split_rounds": summary.get("split_rounds"),
+        "clustering_round": summary.get("clustering_round"),
+        "wall_time_s": round(time.time() - start, 1),
+    }
+
+
+def load() -> dict[str, Any]:
+    """The cells measured so far."""
+    return json.loads(OUT.read_text()) if OUT.exists() else {}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    numbers = [v for v in values if v is not None]
+    return float(np.mean(numbers)) if numbers else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def write_table(results: dict[str, Any]) -> None:
+    """Regenerate docs/clustering-matrix.md from the results file."""
+    cells: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for key, row in results.items():
+        strategy, structure, data, model, _ = key.split("|")
+        cells.setdefault((strategy, structure, data, model), []).append(row)
+    lines = [
+        "# Clustering matrix (generated by benchmarks/clustering_matrix.py)",
+        "",
+        "Default settings, 20 clients; means over the seeds measured. Personalized",
+        "accuracy is compared with FedAvg and local-only on the same cell and seeds.",
+        "",
+        "| strategy | structure | data | model | seeds | ARI | clusters found | acc | FedAvg "
+        "| local |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (strategy, structure, data, model), rows in sorted(cells.items()):
+        if strategy in BASELINES:
+            continue
+        base = {
+            b: _mean([r["personalized_accuracy"]
+                      for r in cells.get((b, structure, data, model), [])])
+            for b in BASELINES
+        }
+        found = sorted({r["num_clusters_found"] for r in rows})
+        lines.append(
+            f"| {strategy} | {structure} | {data} | {model} | {len(rows)} | "
+            f"{_fmt(_mean([r['ari'] for r in rows]))} | {', '.join(map(str, found))} | "
+            f"{_fmt(_mean([r['personalized_accuracy'] for r in rows]))} | "
+            f"{_fmt(base['fedavg'])} | {_fmt(base['local'])} |"
+        )
+    TABLE.parent.mkdir(parents=True, exist_ok=True)
+    TABLE.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str]) -> None:
+    """Run the selected cells that are not measured yet, then rebuild the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("strategies", nargs="*", help="strategies (baselines are added)")
+    parser.add_argument("--structure", nargs="*", default=list(STRUCTURES), choices=STRUCTURES)
+    parser.add_argument("--data", nargs="*", default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--model", nargs="*", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    parser.add_argument("--quick", action="store_true", help="digits, mlp, seed 0 only")
+    parser.add_argument("--no-baselines", action="store_true", help="skip FedAvg/local runs")
+    parser.add_argument("--rerun", action="store_true", help="run measured cells again")
+    parser.add_argument("--table", action="store_true", help="only rebuild the table")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.data, args.model, args.seeds = ["digits"], ["mlp"], [0]
+    results = load()
+    if not args.table:
+        strategies = list(args.strategies) + ([] if args.no_baselines else list(BASELINES))
+        for data in args.data:
+            for model in args.model:
+                for structure in args.structure:
+                    for seed in args.seeds:
+                        for strategy in strategies:
+                            if (strategy == "fedsoft") != (structure in MIXTURES) and \
+                                    strategy not in BASELINES:
+                                continue
+                            key = cell_key(strategy, structure, data, model, seed)
+                            if key in results and not args.rerun:
+                                continue
+                            print(f"running {key}", flush=True)
+                            results[key] = run_cell(strategy, structure, data, model, seed)
+                            print(f"{key}: {results[key]}", flush=True)
+                            OUT.parent.mkdir(parents=True, exist_ok=True)
+                            OUT.write_text(json.dumps(results, indent=1, sort_keys=True))
+                            write_table(results)
+    write_table(results)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,247 @@
+"""IFCA and CFL against their papers (issues 13 and 16), through the strategies' glue, no Ray.
+
+Every test drives ``configure_train``/``aggregate_train`` with hand-made replies, so
+each checks one rule exactly; each failed on the code before the fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fl_clusters import protocol as p
+from fl_clusters.clustering import decide_cfl_split, has_converged, relative_split_gate
+from fl_clusters.clustering.gates import unit_rows, widest_group
+from fl_clusters.config import parse_group_sizes
+from fl_clusters.strategies import CFL, IFCA
+
+NAMES = ["body.weight", "head.weight"]
+
+
+@pytest.fixture(autouse=True)
+def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run identity Flower gives a ServerApp process; Message() needs it."""
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+class NodesOnly:
+    """Just enough of a Grid for configure_train: a fixed list of nodes."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+def _model(body: float, head: np.ndarray | float) -> ArrayRecord:
+    return p.numpy_to_record(
+        NAMES,
+        [np.full((2, 3), body, np.float32), np.broadcast_to(head, (4,)).astype(np.float32)],
+    )
+
+
+def _reply(request: Message, arrays: ArrayRecord, examples: int, cluster: int | None) -> Message:
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: examples, p.M_TRAIN_LOSS: 0.5})
+    if cluster is not None:
+        metrics[p.M_CLUSTER] = cluster
+    return Message(RecordDict({p.ARRAYS: arrays, p.METRICS: metrics}), reply_to=request)
+
+
+# ------------------------------------------------------------------ IFCA option I
+def _gradient_round(ifca: IFCA, packed: ArrayRecord, chosen: dict[int, int],
+                    examples: dict[int, int]) -> list[ArrayRecord]:
+    """One gradient round: node n picks ``chosen[n]`` and returns a gradient of all ones."""
+    requests = list(ifca.configure_train(1, packed, ConfigRecord({p.CFG_LR: 0.01}),
+                                         NodesOnly(list(chosen))))  # type: ignore[arg-type]
+    replies = [
+        _reply(r, _model(1.0, 1.0), examples[r.metadata.dst_node_id],
+               chosen[r.metadata.dst_node_id])
+        for r in requests
+    ]
+    new, _ = ifca.aggregate_train(1, replies)
+    assert new is not None
+    return p.unpack_clusters(new)
+
+
+def test_ifca_gradient_mode_steps_with_its_own_gamma_not_the_client_lr() -> None:
+    ifca = IFCA(2, mode="gradient", server_lr=0.5, init="random", min_available_nodes=2)
+    packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 0.0)])
+    models = _gradient_round(ifca, packed, {1: 0, 2: 0}, {1: 10, 2: 10})
+    # theta - gamma * mean gradient = 0 - 0.5 * 1; the client lr 0.01 would give -0.01.
+    np.testing.assert_allclose(models[0]["head.weight"].numpy(), -0.5)
+    np.testing.assert_allclose(models[1]["head.weight"].numpy(), 0.0)  # nobody chose it
+
+
+def test_ifca_paper_gradient_update_divides_the_cluster_sum_by_all_clients() -> None:
+    ifca = IFCA(2, mode="gradient", server_lr=0.6, aggregation="paper", init="random")
+    packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 0.0)])
+    models = _gradient_round(ifca, packed, {1: 0, 2: 1, 3: 1}, {1: 10, 2: 10, 3: 10})
+    # theta_j - gamma / m * sum over S_j, m = 3 answering clients.
+    np.testing.assert_allclose(models[0]["head.weight"].numpy(), -0.6 * 1 / 3, rtol=1e-6)
+    np.testing.assert_allclose(models[1]["head.weight"].numpy(), -0.6 * 2 / 3, rtol=1e-6)
+
+
+def test_ifca_paper_model_averaging_ignores_example_counts() -> None:
+    for aggregation, expected in (("weighted", (1 * 1 + 3 * 3) / 4), ("paper", 2.0)):
+        ifca = IFCA(1, aggregation=aggregation, init="random")
+        requests = list(ifca.configure_train(
+            1, p.pack_clusters([_model(0.0, 0.0)]), ConfigRecord(), NodesOnly([1, 2]),  # type: ignore[arg-type]
+        ))
+        replies = [_reply(r, _model(v, v), v, 0) for r, v in zip(requests, (1, 3), strict=True)]
+        new, _ = ifca.aggregate_train(1, replies)
+        assert new is not None
+        np.testing.assert_allclose(p.unpack_clusters(new)[0]["head.weight"].numpy(), expected)
+
+
+# ----------------------------------------------------------- IFCA initialization
+def test_ifca_keeps_the_users_pretrained_body_and_draws_only_heads() -> None:
+    pretrained = _model(7.0, np.arange(4.0))
+    ifca = IFCA(3, head_layers=1, init="random")
+    models = p.unpack_clusters(ifca.initialize(pretrained))
+    for model in models:
+        np.testing.assert_array_equal(model["body.weight"].numpy(), 7.0)
+    heads = [m["head.weight"].numpy() for m in models]
+    assert not np.allclose(heads[0], heads[1]) and not np.allclose(heads[1], heads[2])
+
+
+def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
+    ifca = IFCA(2, head_layers=1, min_available_nodes=6)
+    start = _model(0.0, 0.0)
+    requests = list(ifca.configure_train(1, start, ConfigRecord(), NodesOnly(list(range(1, 7)))))  # type: ignore[arg-type]
+    # One model goes out per node (issue 18: not k models times restarts).
+    assert all(p.ARRAYS in r.content.array_records for r in requests)
+    assert all(p.CLUSTERS not in r.content.array_records for r in requests)
+    direction = {1: 1.0, 2: 1.1, 3: 0.9, 4: -1.0, 5: -1.1, 6: -0.9}
+    replies = [
+        _reply(r, _model(0.5, np.array([1, 0, 0, 0]) * direction[r.metadata.dst_node_id]
+                              + np.array([0, 1, 0, 0]) * abs(direction[r.metadata.dst_node_id])),
+               10, None)
+        for r in requests
+    ]
+    packed, metrics = ifca.aggregate_train(1, replies)
+    assert packed is not None and metrics is not None
+    assert sorted(metrics["cluster-sizes"]) == [3, 3]  # type: ignore[arg-type]
+    groups = ifca.summary_fields()["init_groups"]
+    assert len({groups[str(n)] for n in (1, 2, 3)}) == 1
+    assert {groups[str(n)] for n in (1, 2, 3)} != {groups[str(n)] for n in (4, 5, 6)}
+    models = p.unpack_clusters(packed)
+    firsts = sorted(float(m["head.weight"].numpy()[0]) for m in models)
+    np.testing.assert_allclose(firsts, [-1.0, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(models[0]["body.weight"].numpy(), 0.5)  # body: FedAvg of all
+
+
+def test_ifca_local_kmeans_needs_one_model_per_cluster() -> None:
+    ifca = IFCA(4, min_available_nodes=2)
+    requests = list(ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2])))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ifca-init='random'"):
+        ifca.aggregate_train(1, [_reply(r, _model(1.0, 1.0), 10, None) for r in requests])
+
+
+def test_ifca_reseeds_a_cluster_nobody_chose_by_splitting_the_widest_one() -> None:
+    ifca = IFCA(2, init="random", reseed_after=2, min_available_nodes=4)
+    packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 5.0)])
+    sign = {1: 1.0, 2: 1.0, 3: -1.0, 4: -1.0}
+    for server_round in (1, 2):
+        requests = list(ifca.configure_train(server_round, packed, ConfigRecord(),
+                                             NodesOnly([1, 2, 3, 4])))  # type: ignore[arg-type]
+        start = p.unpack_clusters(packed)[0]
+        replies = [
+            _reply(r, _model(0.0, start["head.weight"].numpy()
+                             + sign[r.metadata.dst_node_id] * np.array([1, 0, 0, 0])), 10, 0)
+            for r in requests
+        ]
+        packed, _ = ifca.aggregate_train(server_round, replies)
+        assert packed is not None
+    assert ifca.summary_fields()["num_reseeds"] == 1
+    assert ifca.reseeds == [(2, 1, 0)]
+    heads = sorted(float(m["head.weight"].numpy()[0]) for m in p.unpack_clusters(packed))
+    np.testing.assert_allclose(heads, [-1.0, 1.0])  # the two sides of cluster 0's members
+
+
+def test_ifca_never_reseeds_when_disabled() -> None:
+    ifca = IFCA(2, init="random", reseed_after=0)
+    packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 5.0)])
+    for server_round in range(1, 5):
+        requests = list(ifca.configure_train(server_round, packed, ConfigRecord(),
+                                             NodesOnly([1, 2, 3])))  # type: ignore[arg-type]
+        replies = [_reply(r, _model(0.0, float(r.metadata.dst_node_id)), 10, 0) for r in requests]
+        packed, _ = ifca.aggregate_train(server_round, replies)
+    assert ifca.reseeds == []
+    np.testing.assert_allclose(p.unpack_clusters(packed)[1]["head.weight"].numpy(), 5.0)
+
+
+# ------------------------------------------------------------------------ CFL
+def test_cfl_never_splits_a_cluster_of_two() -> None:
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=50)
+    two = np.stack([direction, -direction])
+    decision = decide_cfl_split(two, eps1=10.0, eps2=0.0, gamma_max=0.5)
+    assert not decision.split  # the pair is opposed (cross similarity -1), still no split
+    three = np.stack([direction, -direction, -direction + 0.01 * rng.normal(size=50)])
+    assert decide_cfl_split(three, eps1=10.0, eps2=0.0, gamma_max=0.5).split
+
+
+def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
+    """Updates 100x smaller than the digits MLP's (a user's model): eps2 0.45 never fires."""
+    nodes = list(range(1, 9))
+    for gate, expected in (("absolute", []), ("relative", [2])):
+        cfl = CFL(gate=gate, warmup_rounds=0, min_available_nodes=8)
+        packed = p.pack_clusters([_model(0.0, 0.0)])
+        for server_round, opposed in ((1, False), (2, True)):
+            requests = list(cfl.configure_train(server_round, packed, ConfigRecord(),
+                                                NodesOnly(nodes)))  # type: ignore[arg-type]
+            replies = []
+            for r in requests:
+                node = r.metadata.dst_node_id
+                sign = -1.0 if opposed and node > 4 else 1.0
+                noise = np.random.default_rng(node).normal(scale=0.0005, size=4)
+                head = 0.004 * sign * np.array([1.0, 0.0, 0.0, 0.0]) + noise
+                replies.append(_reply(r, _model(0.0, head), 10, None))
+            packed, _ = cfl.aggregate_train(server_round, replies)
+            assert packed is not None
+        assert cfl.split_rounds == expected, gate
+
+
+# ------------------------------------------------------------ pure gate math
+def test_relative_split_gate_is_scale_free() -> None:
+    for scale in (1e-3, 1.0, 1e3):
+        assert relative_split_gate(0.1 * scale, 0.5 * scale, 0.2 * scale, 1.5, 1.5)
+        assert not relative_split_gate(0.4 * scale, 0.5 * scale, 0.2 * scale, 1.5, 1.5)  # rising
+        assert not relative_split_gate(0.1 * scale, 0.12 * scale, 0.2 * scale, 1.5, 1.5)  # aligned
+    with pytest.raises(ValueError, match="max_ratio"):
+        relative_split_gate(0.1, 0.5, 0.2, 1.5, 0.0)
+
+
+def test_has_converged_waits_for_the_norms_to_level_off() -> None:
+    rising = np.array([0.35, 0.36, 0.39, 0.41])
+    falling = np.array([1.0, 0.8, 0.6, 0.45])
+    flat = np.array([1.0, 0.6, 0.41, 0.40, 0.39, 0.40])
+    assert not has_converged(rising, 2, 0.05)
+    assert not has_converged(falling, 2, 0.1)
+    assert has_converged(flat, 2, 0.1) and has_converged(flat * 1e-4, 2, 0.1)
+    assert not has_converged(np.array([0.4]), 2, 0.1)  # too few rounds
+    with pytest.raises(ValueError, match="tolerance"):
+        has_converged(flat, 2, 1.0)
+
+
+def test_widest_group_and_unit_rows() -> None:
+    tight = np.array([[1.0, 0.0], [1.1, 0.0]])
+    wide = np.array([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])
+    assert widest_group([tight, np.zeros((0, 2)), wide]) == 2
+    assert widest_group([np.ones((1, 2)), np.zeros((0, 2))]) is None
+    with pytest.raises(ValueError, match="columns"):
+        widest_group([tight, np.ones((2, 3))])
+    np.testing.assert_allclose(np.linalg.norm(unit_rows(wide * 7.0), axis=1), 1.0)
+    np.testing.assert_array_equal(unit_rows(np.zeros((1, 3))), 0.0)
+
+
+def test_group_sizes_key_parses_shares_and_names_bad_values() -> None:
+    assert parse_group_sizes("") is None
+    assert parse_group_sizes("0.4,0.3,0.2,0.1") == (0.4, 0.3, 0.2, 0.1)
+    for bad in ("0.5,-0.5", "a,b", "1,,2"):
+        with pytest.raises(ValueError, match="group-sizes"):
+            parse_group_sizes(bad)
