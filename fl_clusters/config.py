@@ -189,6 +189,10 @@ KEYS: tuple[ConfigKey, ...] = (
         "ifca-init", "local-kmeans", choices=IFCA_INITS,
         help="IFCA start: k-means of a first local round, or the paper's random models",
     ),
+    ConfigKey(
+        "ifca-init-steps", 100, minimum=1,
+        help="IFCA local-kmeans start: local SGD steps of the first round",
+    ),
     ConfigKey("ifca-server-lr", 0.5, minimum=0.0, help="IFCA gradient mode: server step gamma"),
     ConfigKey(
         "ifca-aggregation", "weighted", choices=IFCA_AGGREGATIONS,
@@ -203,12 +207,12 @@ KEYS: tuple[ConfigKey, ...] = (
         help="CFL split norms: relative to the run's own norms, or absolute eps1/eps2",
     ),
     ConfigKey(
-        "cfl-mean-ratio", 1.5, minimum=0.0,
-        help="CFL relative gate: mean norm < this x the cluster's largest earlier mean norm",
+        "cfl-mean-ratio", 0.8, minimum=0.0,
+        help="CFL relative gate: eps1 = this x the largest update norm of the first rounds",
     ),
     ConfigKey(
-        "cfl-max-ratio", 1.5, minimum=0.0,
-        help="CFL relative gate: max client norm > this x the mean update norm",
+        "cfl-max-ratio", 0.9, minimum=0.0,
+        help="CFL relative gate: eps2 = this x the largest update norm of the first rounds",
     ),
     ConfigKey(
         "acfl-gate", "relative", choices=GATES,

@@ -31,7 +31,9 @@ NUM_CLIENTS = 20
 
 def test_cfl_and_acfl_recover_rotations_and_beat_fedavg(federation) -> None:
     cfl = federation({**ROTATION, "strategy": "cfl"})
-    acfl = federation({**ROTATION, "strategy": "acfl"})
+    # The absolute phase-1 gate: this test is about the incentive clustering, which
+    # the relative gate would start only after the norms level off (round 5 or later).
+    acfl = federation({**ROTATION, "strategy": "acfl", "acfl-gate": "absolute"})
     fedavg = federation({**ROTATION, "strategy": "fedavg"})
 
     assert cfl["num_clusters_found"] == 4, cfl
@@ -77,7 +79,7 @@ def test_acfl_recovers_rotations_with_the_papers_data_per_client(federation) -> 
     """
     acfl = federation(
         {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "rotation",
-         "num-clusters": 4, "num-rounds": 4, "acfl-trial-epochs": 3}
+         "num-clusters": 4, "num-rounds": 4, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
     )
     assert acfl["num_clusters_found"] == 4, acfl
     assert acfl["ari"] >= 0.8, acfl  # at most one client misplaced
@@ -106,7 +108,7 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
     """
     acfl = federation(
         {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "none",
-         "num-rounds": 7, "acfl-trial-epochs": 3}
+         "num-rounds": 7, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
     )
     assert acfl["num_clusters_found"] == 1, acfl
     assert acfl["trial_evaluations"] == NUM_CLIENTS - 1  # every candidate accepted once

@@ -13,7 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import decide_cfl_split, has_converged, relative_split_gate
-from fl_clusters.clustering.gates import unit_rows, widest_group
+from fl_clusters.clustering.gates import output_layer_profiles, unit_rows, widest_group
 from fl_clusters.config import parse_group_sizes
 from fl_clusters.strategies import CFL, IFCA
 
@@ -108,19 +108,28 @@ def test_ifca_keeps_the_users_pretrained_body_and_draws_only_heads() -> None:
     assert not np.allclose(heads[0], heads[1]) and not np.allclose(heads[1], heads[2])
 
 
+def _two_layer(body: float, head: np.ndarray) -> ArrayRecord:
+    return p.numpy_to_record(
+        NAMES, [np.full((2, 3), body, np.float32), np.asarray(head, np.float32)]
+    )
+
+
 def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
-    ifca = IFCA(2, head_layers=1, min_available_nodes=6)
-    start = _model(0.0, 0.0)
+    ifca = IFCA(2, head_layers=1, init_steps=7, min_available_nodes=6)
+    start = _two_layer(0.0, np.zeros((2, 2)))
     requests = list(ifca.configure_train(1, start, ConfigRecord(), NodesOnly(list(range(1, 7)))))  # type: ignore[arg-type]
     # One model goes out per node (issue 18: not k models times restarts).
     assert all(p.ARRAYS in r.content.array_records for r in requests)
     assert all(p.CLUSTERS not in r.content.array_records for r in requests)
-    direction = {1: 1.0, 2: 1.1, 3: 0.9, 4: -1.0, 5: -1.1, 6: -0.9}
+    assert all(r.content.config_records[p.CONFIG][p.CFG_STEPS] == 7 for r in requests)
+    # Two label permutations: nodes 1-3 map feature i to label i, nodes 4-6 swap them;
+    # the update sizes differ (label frequencies) and must not matter.
+    identity, swapped = np.eye(2), np.eye(2)[::-1]
+    scale = {1: 1.0, 2: 3.0, 3: 0.5, 4: 1.0, 5: 0.3, 6: 2.0}
     replies = [
-        _reply(r, _model(0.5, np.array([1, 0, 0, 0]) * direction[r.metadata.dst_node_id]
-                              + np.array([0, 1, 0, 0]) * abs(direction[r.metadata.dst_node_id])),
-               10, None)
+        _reply(r, _two_layer(0.5, scale[n] * (identity if n <= 3 else swapped)), 10, None)
         for r in requests
+        for n in [r.metadata.dst_node_id]
     ]
     packed, metrics = ifca.aggregate_train(1, replies)
     assert packed is not None and metrics is not None
@@ -129,9 +138,20 @@ def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
     assert len({groups[str(n)] for n in (1, 2, 3)}) == 1
     assert {groups[str(n)] for n in (1, 2, 3)} != {groups[str(n)] for n in (4, 5, 6)}
     models = p.unpack_clusters(packed)
-    firsts = sorted(float(m["head.weight"].numpy()[0]) for m in models)
-    np.testing.assert_allclose(firsts, [-1.0, 1.0], rtol=1e-6)
+    heads = sorted(m["head.weight"].numpy()[0, 0] for m in models)
+    np.testing.assert_allclose(heads, [0.0, (1.0 + 3.0 + 0.5) / 3], rtol=1e-6)
     np.testing.assert_allclose(models[0]["body.weight"].numpy(), 0.5)  # body: FedAvg of all
+
+
+def test_output_layer_profiles_drop_scale_and_the_common_row() -> None:
+    rng = np.random.default_rng(0)
+    update = rng.normal(size=(4, 3))
+    common = np.ones((4, 1)) * rng.normal(size=(1, 3))
+    profiles = output_layer_profiles(np.stack([update, 5.0 * update + common]))
+    np.testing.assert_allclose(profiles[0], profiles[1], atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(profiles, axis=1), 1.0)
+    with pytest.raises(ValueError, match="N, R, C"):
+        output_layer_profiles(np.ones((2, 3)))
 
 
 def test_ifca_local_kmeans_needs_one_model_per_cluster() -> None:
@@ -186,7 +206,11 @@ def test_cfl_never_splits_a_cluster_of_two() -> None:
 
 
 def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
-    """Updates 100x smaller than the digits MLP's (a user's model): eps2 0.45 never fires."""
+    """Updates 100x smaller than the digits MLP's (a user's model): eps2 0.45 never fires.
+
+    Round 1 (aligned updates of norm ~0.004) sets the reference; in round 2 the
+    members pull apart (norm ~0.006 > 0.9 x 0.004) while their mean cancels.
+    """
     nodes = list(range(1, 9))
     for gate, expected in (("absolute", []), ("relative", [2])):
         cfl = CFL(gate=gate, warmup_rounds=0, min_available_nodes=8)
@@ -199,7 +223,8 @@ def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
                 node = r.metadata.dst_node_id
                 sign = -1.0 if opposed and node > 4 else 1.0
                 noise = np.random.default_rng(node).normal(scale=0.0005, size=4)
-                head = 0.004 * sign * np.array([1.0, 0.0, 0.0, 0.0]) + noise
+                size = 0.006 if opposed else 0.004
+                head = size * sign * np.array([1.0, 0.0, 0.0, 0.0]) + noise
                 replies.append(_reply(r, _model(0.0, head), 10, None))
             packed, _ = cfl.aggregate_train(server_round, replies)
             assert packed is not None
@@ -209,11 +234,12 @@ def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
 # ------------------------------------------------------------ pure gate math
 def test_relative_split_gate_is_scale_free() -> None:
     for scale in (1e-3, 1.0, 1e3):
-        assert relative_split_gate(0.1 * scale, 0.5 * scale, 0.2 * scale, 1.5, 1.5)
-        assert not relative_split_gate(0.4 * scale, 0.5 * scale, 0.2 * scale, 1.5, 1.5)  # rising
-        assert not relative_split_gate(0.1 * scale, 0.12 * scale, 0.2 * scale, 1.5, 1.5)  # aligned
+        # reference 0.5: eps1 = 0.4, eps2 = 0.45 at scale 1.
+        assert relative_split_gate(0.1 * scale, 0.5 * scale, 0.5 * scale, 0.8, 0.9)
+        assert not relative_split_gate(0.42 * scale, 0.5 * scale, 0.5 * scale, 0.8, 0.9)
+        assert not relative_split_gate(0.1 * scale, 0.44 * scale, 0.5 * scale, 0.8, 0.9)
     with pytest.raises(ValueError, match="max_ratio"):
-        relative_split_gate(0.1, 0.5, 0.2, 1.5, 0.0)
+        relative_split_gate(0.1, 0.5, 0.2, 0.8, 0.0)
 
 
 def test_has_converged_waits_for_the_norms_to_level_off() -> None:

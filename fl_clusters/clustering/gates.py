@@ -24,14 +24,14 @@ def relative_split_gate(
     mean_ratio: float,
     max_ratio: float,
 ) -> bool:
-    """CFL's norm test with thresholds relative to the run's own norms.
+    """CFL's norm test with eps1 and eps2 as fractions of a norm measured in the run.
 
-    The joint objective is near a stationary point when the mean update has
-    shrunk to a fraction of the mean update the cluster had when it started
-    (``mean_norm < mean_ratio * reference_norm``), and some client is still far
-    from its own when the largest client update is many times the mean
-    (``max_norm > max_ratio * mean_norm``). Both ratios are free of the norms'
-    scale.
+    The paper's test ``mean_norm < eps1 and max_norm > eps2`` with ``eps1 =
+    mean_ratio * reference_norm`` and ``eps2 = max_ratio * reference_norm``, where
+    the reference is the largest client update norm of the run's first rounds.
+    Update norms scale with the model, the learning rate and the local work; their
+    ratios to the run's own first updates do not, so one pair of ratios serves an
+    MLP on digits and a CNN trained five local epochs.
 
     Parameters
     ----------
@@ -40,16 +40,16 @@ def relative_split_gate(
     max_norm : float
         Largest client update norm this round, >= 0.
     reference_norm : float
-        The cluster's largest mean-update norm over its first rounds, >= 0.
+        Largest client update norm of the run's first rounds, >= 0.
     mean_ratio : float
-        Fraction of ``reference_norm`` the mean norm must fall below, > 0.
+        eps1 as a fraction of ``reference_norm``, > 0.
     max_ratio : float
-        Multiple of ``mean_norm`` the largest norm must exceed, > 0.
+        eps2 as a fraction of ``reference_norm``, > 0.
 
     Returns
     -------
     bool
-        Whether the norms qualify for a split.
+        ``mean_norm < mean_ratio * reference_norm and max_norm > max_ratio * reference_norm``.
     """
     for name, value in (("mean_norm", mean_norm), ("max_norm", max_norm),
                         ("reference_norm", reference_norm)):
@@ -57,7 +57,7 @@ def relative_split_gate(
             raise ValueError(f"{name}={value} is outside [0, inf)")
     _check_positive("mean_ratio", mean_ratio)
     _check_positive("max_ratio", max_ratio)
-    return bool(mean_norm < mean_ratio * reference_norm and max_norm > max_ratio * mean_norm)
+    return bool(mean_norm < mean_ratio * reference_norm and max_norm > max_ratio * reference_norm)
 
 
 def has_converged(mean_norms: np.ndarray, window: int, tolerance: float) -> bool:
@@ -155,3 +155,30 @@ def unit_rows(points: np.ndarray) -> np.ndarray:
     matrix = _finite_matrix("points", points).astype(np.float64)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
+
+
+def output_layer_profiles(updates: np.ndarray) -> np.ndarray:
+    """Clients' output-layer updates less their mean row, scaled to unit norm.
+
+    From a common start, row c of a client's output-layer update points to the
+    mean feature of the inputs it labels c: which inputs go to which label, the
+    signal that tells label permutations apart and, through the features, input
+    transforms (rotations). Every row also moves along the mean feature of all
+    inputs (the softmax pushes all outputs together); removing the mean row
+    drops that common part.
+
+    Parameters
+    ----------
+    updates : np.ndarray
+        (N, R, C) finite output-layer weight updates of N clients (R outputs).
+
+    Returns
+    -------
+    np.ndarray
+        (N, R * C) float64 rows of norm 1 (or 0 for an update with equal rows).
+    """
+    tensor = np.asarray(updates, dtype=np.float64)
+    if tensor.ndim != 3 or not np.all(np.isfinite(tensor)):
+        raise ValueError(f"updates must be a finite (N, R, C) array, got shape {tensor.shape}")
+    centred = tensor - tensor.mean(axis=1, keepdims=True)
+    return unit_rows(centred.reshape(len(tensor), -1))

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import group_by_kmeans, unit_rows, widest_group
+from fl_clusters.clustering.gates import output_layer_profiles
 from fl_clusters.strategies.base import ClusteredStrategy
 
 MODES = ("model", "gradient")
@@ -85,14 +86,21 @@ class IFCA(ClusteredStrategy):
         The body starts from the initial model (a pretrained body is kept).
     init : str (default: "local-kmeans")
         ``"local-kmeans"``: in the first round every sampled client trains the
-        initial model locally, k-means over the unit-norm updates groups them,
-        and cluster j starts as the mean of group j's models: one ordinary round,
-        and the groups follow the data whatever its structure. ``"random"``: the
-        paper's k random models (``restarts`` of them tried).
+        initial model for ``init_steps`` local steps, k-means over their
+        output-layer updates (less the mean row, unit norm) groups them, and
+        cluster j starts as the mean of group j's models: one round that sends
+        one model per client, and the groups follow the data whatever its
+        structure. ``"random"``: the paper's k random models (``restarts`` of
+        them tried).
     restarts : int (default: 1)
         With ``init="random"``: random initializations to try; the one whose first
         loss-based assignment is most balanced across clusters is kept. Each costs
         one query round that sends all k models to every sampled client.
+    init_steps : int (default: 100)
+        Local SGD steps of the ``local-kmeans`` round, >= 1. Ten steps from a
+        random model leave label-permuted groups under Dirichlet(0.5) skew
+        inseparable (ARI -0.12 to 0.22 on digits, 3 seeds); 100 steps separate
+        them (ARI 0.86 to 1.0).
     reseed_after : int (default: 3)
         A cluster no client chose for this many rounds in a row is re-seeded:
         the members of the cluster with the widest spread of updates are split in
@@ -115,6 +123,7 @@ class IFCA(ClusteredStrategy):
         head_layers: int = 0,
         init: str = "local-kmeans",
         restarts: int = 1,
+        init_steps: int = 100,
         reseed_after: int = 3,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
@@ -139,10 +148,10 @@ class IFCA(ClusteredStrategy):
                                      ("aggregation", aggregation, AGGREGATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
-        if head_layers < 0 or restarts < 1 or reseed_after < 0:
+        if head_layers < 0 or restarts < 1 or reseed_after < 0 or init_steps < 1:
             raise ValueError(
-                f"head_layers={head_layers} and reseed_after={reseed_after} must be >= 0 "
-                f"and restarts={restarts} >= 1"
+                f"head_layers={head_layers} and reseed_after={reseed_after} must be >= 0, "
+                f"restarts={restarts} and init_steps={init_steps} >= 1"
             )
         if not server_lr > 0.0:
             raise ValueError(f"server_lr={server_lr} must be > 0 (run-config 'ifca-server-lr')")
@@ -153,6 +162,7 @@ class IFCA(ClusteredStrategy):
         self.head_layers = head_layers
         self.init = init
         self.restarts = restarts
+        self.init_steps = init_steps
         self.reseed_after = reseed_after
         self.reseeds: list[tuple[int, int, int]] = []
         self.init_groups: dict[int, int] = {}
@@ -214,10 +224,11 @@ class IFCA(ClusteredStrategy):
         self._current = model
         node_config = ConfigRecord(dict(config))
         node_config[p.CFG_ROUND] = server_round
+        node_config[p.CFG_STEPS] = self.init_steps
         record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
-        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model",
-            len(nodes))
+        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model for "
+            "%d local steps", len(nodes), self.init_steps)
         return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
 
     def _aggregate_warm_start(
@@ -236,8 +247,7 @@ class IFCA(ClusteredStrategy):
                 f"clusters; k-means needs at least one per cluster. Sample more nodes "
                 f"(fraction-train), fix the failing nodes, or use ifca-init='random'"
             )
-        groups = group_by_kmeans(unit_rows(self.updates(valid, model)), self.num_clusters,
-                                 self.seed)
+        groups = group_by_kmeans(self._init_features(valid, model), self.num_clusters, self.seed)
         heads = head_keys(model, self.head_layers) if self.head_layers else list(model)
         body = [name for name in model if name not in heads]
         members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
@@ -262,6 +272,23 @@ class IFCA(ClusteredStrategy):
             }
         )
         return p.pack_clusters(new_heads, shared=shared), metrics
+
+    @staticmethod
+    def _init_features(valid: list[Message], model: ArrayRecord) -> np.ndarray:
+        """What k-means groups: the output layer's updates (the whole unit update without one).
+
+        From a random start the whole update is dominated by each client's label
+        frequencies (Dirichlet skew); the output layer's rows, less their mean,
+        carry which inputs go to which label (label permutations, rotations).
+        """
+        matrices = [name for name in model if model[name].numpy().ndim == 2]
+        if not matrices:
+            return unit_rows(ClusteredStrategy.updates(valid, model))
+        last = matrices[-1]
+        start = model[last].numpy().astype(np.float64)
+        return output_layer_profiles(np.stack(
+            [m.content.array_records[p.ARRAYS][last].numpy() - start for m in valid]
+        ))
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -435,7 +462,7 @@ class IFCA(ClusteredStrategy):
     def summary(self) -> None:
         """Log IFCA's settings."""
         log(INFO, "\t├──> IFCA: k=%d | mode=%s | aggregation=%s | server lr=%.4g | head "
-            "layers=%d | init=%s (restarts %d) | re-seed after %d idle rounds",
+            "layers=%d | init=%s (restarts %d, %d steps) | re-seed after %d idle rounds",
             self.num_clusters, self.mode, self.aggregation, self.server_lr, self.head_layers,
-            self.init, self.restarts, self.reseed_after)
+            self.init, self.restarts, self.init_steps, self.reseed_after)
         super().summary()

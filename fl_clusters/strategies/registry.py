@@ -43,6 +43,7 @@ def _ifca(settings: Settings) -> Strategy:
         head_layers=settings["ifca-head-layers"],
         init=settings["ifca-init"],
         restarts=settings["ifca-restarts"],
+        init_steps=settings["ifca-init-steps"],
         reseed_after=settings["ifca-reseed-after"],
         **_inter_cluster(settings),
         **_common(settings),
