@@ -271,3 +271,14 @@ def test_group_sizes_key_parses_shares_and_names_bad_values() -> None:
     for bad in ("0.5,-0.5", "a,b", "1,,2"):
         with pytest.raises(ValueError, match="group-sizes"):
             parse_group_sizes(bad)
+
+
+def test_ifca_with_one_cluster_trains_it() -> None:
+    """A client offered one model reports no cluster-id; every reply was rejected before."""
+    ifca = IFCA(1)
+    requests = list(ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2])))  # type: ignore[arg-type]
+    replies = [_reply(r, _model(1.0, 2.0), 10, None) for r in requests]
+    new, metrics = ifca.aggregate_train(1, replies)
+    assert new is not None and metrics is not None
+    assert metrics["cluster-sizes"] == [2]
+    np.testing.assert_allclose(p.unpack_clusters(new)[0]["head.weight"].numpy(), 2.0)

@@ -324,8 +324,10 @@ class IFCA(ClusteredStrategy):
             return self._aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         valid = []
+        # A client offered a single model reports no cluster-id: it can only be 0.
+        missing = 0 if self.num_clusters == 1 else -1
         for msg in self.check_replies(replies, models[0], "aggregate_train"):
-            cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, -1))  # type: ignore[arg-type]
+            cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, missing))  # type: ignore[arg-type]
             if not 0 <= cluster < self.num_clusters:
                 self.rejected_replies += 1
                 log(WARNING, "aggregate_train: rejected reply from node %d: cluster-id %d "
