@@ -117,7 +117,10 @@ def _fmt(value: float | None) -> str:
 def write_table(results: dict[str, Any]) -> None:
     """Regenerate docs/clustering-matrix.md from the results file."""
     cells: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    errors = sorted(key for key, row in results.items() if "error" in row)
     for key, row in results.items():
+        if "error" in row:
+            continue
         strategy, structure, data, model, _ = key.split("|")
         cells.setdefault((strategy, structure, data, model), []).append(row)
     lines = [
@@ -145,6 +148,8 @@ def write_table(results: dict[str, Any]) -> None:
             f"{_fmt(_mean([r['personalized_accuracy'] for r in rows]))} | "
             f"{_fmt(base['fedavg'])} | {_fmt(base['local'])} |"
         )
+    if errors:
+        lines += ["", "Cells that raised (see clustering_matrix.json): " + ", ".join(errors)]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text("\n".join(lines) + "\n")
 
@@ -176,10 +181,16 @@ def main(argv: list[str]) -> None:
                                     strategy not in BASELINES:
                                 continue
                             key = cell_key(strategy, structure, data, model, seed)
-                            if key in results and not args.rerun:
+                            if key in results and "error" not in results[key] and \
+                                    not args.rerun:
                                 continue
                             print(f"running {key}", flush=True)
-                            results[key] = run_cell(strategy, structure, data, model, seed)
+                            try:
+                                results[key] = run_cell(strategy, structure, data, model, seed)
+                            except Exception as error:
+                                # One failing cell must not lose the rest of a long
+                                # matrix; the table shows it and the next run retries it.
+                                results[key] = {"error": repr(error)}
                             print(f"{key}: {results[key]}", flush=True)
                             OUT.parent.mkdir(parents=True, exist_ok=True)
                             OUT.write_text(json.dumps(results, indent=1, sort_keys=True))
