@@ -12,10 +12,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import decide_cfl_split, has_converged, relative_split_gate
-from fl_clusters.clustering.gates import output_layer_profiles, unit_rows, widest_group
+from fl_clusters.clustering import (
+    decide_cfl_split,
+    has_converged,
+    output_layer_profiles,
+    relative_split_gate,
+    unit_rows,
+    widest_group,
+)
 from fl_clusters.config import parse_group_sizes
-from fl_clusters.strategies import CFL, IFCA
+from fl_clusters.strategies import ACFL, CFL, IFCA
 
 NAMES = ["body.weight", "head.weight"]
 
@@ -282,3 +288,23 @@ def test_ifca_with_one_cluster_trains_it() -> None:
     assert new is not None and metrics is not None
     assert metrics["cluster-sizes"] == [2]
     np.testing.assert_allclose(p.unpack_clusters(new)[0]["head.weight"].numpy(), 2.0)
+
+
+def test_acfl_phase_one_ends_when_the_norms_level_off_not_at_a_random_model() -> None:
+    """Norms 100x below the absolute 0.4: the old gate ended phase 1 after round 1."""
+    acfl = ACFL(min_available_nodes=4)
+    packed = p.pack_clusters([_model(0.0, 0.0)])
+    due = []
+    for server_round, norm in enumerate([1.0, 0.6, 0.4, 0.39, 0.40, 0.39], start=1):
+        requests = list(acfl.configure_train(server_round, packed, ConfigRecord(),
+                                             NodesOnly([1, 2, 3, 4])))  # type: ignore[arg-type]
+        start = p.unpack_clusters(packed)[0]
+        replies = [
+            _reply(r, _model(0.0, start["head.weight"].numpy()
+                             + 0.01 * norm * np.array([1.0, 0.0, 0.0, 0.0])), 10, None)
+            for r in requests
+        ]
+        packed, _ = acfl.aggregate_train(server_round, replies)
+        assert packed is not None
+        due.append(acfl._clustering_due)
+    assert due == [False] * 5 + [True]

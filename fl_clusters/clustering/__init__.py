@@ -26,6 +26,7 @@ from fl_clusters.clustering.density import (
 )
 from fl_clusters.clustering.gates import (
     has_converged,
+    output_layer_profiles,
     relative_split_gate,
     unit_rows,
     widest_group,
@@ -68,6 +69,7 @@ __all__ = [
     "model_updates",
     "nearest_feature",
     "order_by_similarity",
+    "output_layer_profiles",
     "pairwise_cosine",
     "relative_split_gate",
     "sample_per_cluster",

@@ -12,8 +12,12 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import group_by_kmeans, unit_rows, widest_group
-from fl_clusters.clustering.gates import output_layer_profiles
+from fl_clusters.clustering import (
+    group_by_kmeans,
+    output_layer_profiles,
+    unit_rows,
+    widest_group,
+)
 from fl_clusters.strategies.base import ClusteredStrategy
 
 MODES = ("model", "gradient")
