@@ -28,10 +28,10 @@ LABEL_SHIFT = 5
 # The run config of pyproject.toml. `run_simulation` hands apps an empty run
 # config, so the code carries the defaults too (a test keeps both equal).
 DEFAULTS: dict[str, Any] = {
-    "num-server-rounds": 6,
+    "num-server-rounds": 8,
     "fraction-evaluate": 1.0,
-    "local-epochs": 2,
-    "learning-rate": 0.05,
+    "local-epochs": 5,
+    "learning-rate": 0.03,
     "batch-size": 16,
     "strategy": "ifca",
     "num-clusters": 2,
