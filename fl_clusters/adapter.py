@@ -286,6 +286,15 @@ class ClusteredClient:
         def wrapped(message: Message, context: Context) -> Message:
             learner = self.learner(context)
             config = _config(message)
+            split = str(config.get(p.CFG_SPLIT, "test"))
+            if split != "test":
+                # The user's handler evaluates on its own test data whatever the
+                # server asks; scoring ACFL's trials there would leak the test split.
+                raise ValueError(
+                    f"the server asked for an evaluation on split {split!r} (ACFL's trials); "
+                    "ClusteredClient evaluates with the app's test data only: run ACFL "
+                    "with fl-clusters' own ClientApp (register_handlers)"
+                )
             models = _candidate_models(message)
             cluster = _mcfl_choice(learner, len(models), config, "test")
             if cluster is None:

@@ -180,6 +180,15 @@ def test_evaluate_reply_carries_protocol_names_and_cluster() -> None:
     assert p.CLUSTERS in message.content.array_records
 
 
+def test_validation_split_is_refused_not_scored_on_test_data() -> None:
+    _, _, evaluate, seen = build(False)
+    models = [model_fitting(False), model_fitting(True)]
+    message = train_message(models, {p.CFG_SPLIT: "validation"})
+    with pytest.raises(ValueError, match="split 'validation'"):
+        evaluate(message, context())
+    assert "eval_arrays" not in seen
+
+
 def test_wrong_batch_format_names_what_is_expected() -> None:
     _, train, _, _ = build(False, batch_keys=("image", "target"))
     expected = r"dicts with keys 'image'/'target'; got dict with keys \['img', 'label'\]"
