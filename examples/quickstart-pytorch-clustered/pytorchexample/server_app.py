@@ -90,6 +90,8 @@ def save(folder: Path, cfg: Mapping[str, Any], result: Result, rows: list[dict])
         "num_models": len(cluster_models(result)),
         "ari": adjusted_rand_score([r["group"] for r in rows], [r["cluster"] for r in rows]),
         "per_client_accuracy": [r["accuracy"] for r in rows],
+        "groups": [r["group"] for r in rows],
+        "clusters": [r["cluster"] for r in rows],
         "central": dict(result.evaluate_metrics_serverapp[last]) if last is not None else {},
     }
     (folder / "summary.json").write_text(json.dumps(summary, indent=2))
