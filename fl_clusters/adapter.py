@@ -45,6 +45,12 @@ DEFAULT_METRIC_NAMES: dict[str, str] = {
     "eval_acc": p.M_ACCURACY,
 }
 
+GRADIENT_REFUSED = (
+    "the server asked for a gradient ('return'='gradient': IFCA with mode='gradient', "
+    "run-config ifca-mode=gradient); ClusteredClient returns the models the app's own "
+    "train handler trains: use IFCA's default mode='model'"
+)
+
 
 def batch_xy(batch: Any, keys: tuple[str, str] = ("img", "label")) -> tuple[Any, Any]:
     """Split one batch into (inputs, labels).
@@ -137,10 +143,7 @@ class LoaderLearner(TorchLearner):
 
     def gradient(self, arrays: ArrayRecord) -> tuple[ArrayRecord, float]:
         """Refused: IFCA's gradient option needs the built-in learner."""
-        raise ValueError(
-            "the server asked for a gradient ('return'='gradient', IFCA ifca-return=gradient); "
-            "ClusteredClient returns trained models only: use ifca-return=model"
-        )
+        raise ValueError(GRADIENT_REFUSED)
 
     @torch.no_grad()
     def per_sample_losses(self, arrays: ArrayRecord, split: str = "train") -> np.ndarray:
@@ -257,7 +260,7 @@ class ClusteredClient:
             learner = self.learner(context)
             config = _config(message)
             if config.get(p.CFG_RETURN, "model") == "gradient":
-                learner.gradient(ArrayRecord())
+                raise ValueError(GRADIENT_REFUSED)
             models = _candidate_models(message)
             cluster, losses = _choose_cluster(learner, models, config)
             start = models[cluster]

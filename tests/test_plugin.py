@@ -190,6 +190,15 @@ def test_validation_split_is_refused_not_scored_on_test_data() -> None:
     assert "eval_arrays" not in seen
 
 
+def test_gradient_request_is_refused_before_the_users_handler_runs() -> None:
+    _, train, _, seen = build(False)
+    models = [model_fitting(False), model_fitting(True)]
+    message = train_message(models, {p.CFG_RETURN: "gradient"})
+    with pytest.raises(ValueError, match="mode='model'"):
+        train(message, context())
+    assert "arrays" not in seen
+
+
 def test_wrong_batch_format_names_what_is_expected() -> None:
     _, train, _, _ = build(False, batch_keys=("image", "target"))
     expected = r"dicts with keys 'image'/'target'; got dict with keys \['img', 'label'\]"
