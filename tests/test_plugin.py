@@ -304,7 +304,7 @@ def test_example_recovers_groups_and_beats_fedavg(
         assert homogeneity_score(summary["groups"], summary["clusters"]) == 1.0, summary
     clustered, fedavg = summary["per_client_accuracy"], fedavg_summary["per_client_accuracy"]
     # Measured: every client 0.93-1.0 with IFCA/CFL; FedAvg serves one group
-    # (~0.1-0.25 on the other) and averages ~0.5 per client.
+    # (0.03-0.25 on the other, 0.8-0.95 on its own) and averages ~0.5 per client.
     assert min(clustered) >= 0.8, summary
     assert np.mean(clustered) >= np.mean(fedavg) + 0.2, (summary, fedavg_summary)
     # The app's FedAvg-style evaluate_fn ran once per cluster model: one of them
