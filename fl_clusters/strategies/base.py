@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,29 @@ from fl_clusters.clustering import (
     model_updates,
     weighted_average,
 )
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+def per_cluster_evaluate(evaluate_fn: EvaluateFn) -> EvaluateFn:
+    """Adapt a FedAvg-style centralized ``evaluate_fn`` to packed cluster models.
+
+    The returned function passes a plain model through unchanged; a packed record
+    is unpacked and ``evaluate_fn`` is called on every cluster model, its metrics
+    returned under ``cluster-<j>/<name>`` keys (Flower's ``result`` keeps them per
+    round in ``evaluate_metrics_serverapp``).
+    """
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        if not p.is_packed(arrays):
+            return evaluate_fn(server_round, arrays)
+        merged = MetricRecord()
+        for j, model in enumerate(p.unpack_clusters(arrays)):
+            for name, value in (evaluate_fn(server_round, model) or {}).items():
+                merged[p.cluster_prefix(j) + name] = value
+        return merged
+
+    return evaluate
 
 
 class ClusteredStrategy(Strategy):
@@ -202,13 +225,25 @@ class ClusteredStrategy(Strategy):
 
     # --------------------------------------------------------------------- MCFL
     def start(  # type: ignore[override]
-        self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        *args: Any,
+        evaluate_fn: EvaluateFn | None = None,
+        **kwargs: Any,
     ) -> Result:
-        """Run ``Strategy.start``; with MCFL, collect every node's feature mean first."""
+        """Run ``Strategy.start``; with MCFL, collect every node's feature mean first.
+
+        A centralized ``evaluate_fn`` written for FedAvg (one model in, one
+        MetricRecord out) is called once per cluster model, see
+        :func:`per_cluster_evaluate`.
+        """
         if self.mcfl:
             _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
             self.collect_features(grid, nodes)
-        return super().start(grid, initial_arrays, *args, **kwargs)
+        if evaluate_fn is not None:
+            evaluate_fn = per_cluster_evaluate(evaluate_fn)
+        return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
 
     def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
         """MCFL: ask the nodes whose feature is unknown for their mean training input.

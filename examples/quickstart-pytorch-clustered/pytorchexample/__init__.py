@@ -1,0 +1,1 @@
+"""pytorchexample: Flower's quickstart-pytorch, made clustered with fl-clusters."""

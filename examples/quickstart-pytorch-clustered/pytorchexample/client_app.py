@@ -1,0 +1,89 @@
+"""pytorchexample: the quickstart's ClientApp, served to clustered strategies.
+
+The handlers are the quickstart's: the app's own model, data loaders, ``train``
+(SGD with momentum) and ``test``. The fl-clusters lines are marked; they wrap the
+handlers so that a clustered message reaches them as a plain FedAvg one (the
+cluster model this node fits best under ``"arrays"``, the server's config as
+sent) and their reply tells the server which cluster the node trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fl_clusters import ClusteredClient  # fl-clusters
+from pytorchexample.task import Net, group_of, load_data, run_config
+from pytorchexample.task import test as test_fn
+from pytorchexample.task import train as train_fn
+
+
+def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
+    """The ClientApp; ``overrides`` win over the run config (for ``run_simulation``)."""
+    app = ClientApp()
+
+    def loaders(context: Context):  # fl-clusters: this node's (train, test) loaders
+        cfg = run_config(context, overrides)
+        node = context.node_config
+        return load_data(node["partition-id"], node["num-partitions"], cfg["batch-size"])
+
+    def report(context: Context) -> dict[str, int]:  # fl-clusters: ground truth, report only
+        return {"group": group_of(context.node_config["partition-id"])}
+
+    clustered = ClusteredClient(app, Net, loaders, metadata_fn=report)  # fl-clusters
+
+    @app.train()
+    @clustered.train  # fl-clusters
+    def train(msg: Message, context: Context) -> Message:
+        """Train the model on local data."""
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+
+        cfg = run_config(context, overrides)
+        partition_id = context.node_config["partition-id"]
+        num_partitions = context.node_config["num-partitions"]
+        trainloader, _ = load_data(partition_id, num_partitions, cfg["batch-size"])
+
+        train_loss = train_fn(
+            model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device
+        )
+
+        metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+        content = RecordDict(
+            {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
+        )
+        return Message(content=content, reply_to=msg)
+
+    @app.evaluate()
+    @clustered.evaluate  # fl-clusters
+    def evaluate(msg: Message, context: Context) -> Message:
+        """Evaluate the model on local data."""
+        model = Net()
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+        model.to(device)
+
+        cfg = run_config(context, overrides)
+        partition_id = context.node_config["partition-id"]
+        num_partitions = context.node_config["num-partitions"]
+        _, valloader = load_data(partition_id, num_partitions, cfg["batch-size"])
+
+        eval_loss, eval_acc = test_fn(model, valloader, device)
+
+        metrics = {
+            "eval_loss": eval_loss,
+            "eval_acc": eval_acc,
+            "num-examples": len(valloader.dataset),
+        }
+        return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+    return app
+
+
+app = build_client_app()
