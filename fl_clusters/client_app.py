@@ -9,7 +9,7 @@ builds a learner from the ``Context``. docs/protocol.md describes the messages.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -327,7 +327,10 @@ def node_partition(context: Context) -> tuple[int, int]:
     return partition_id, num_partitions
 
 
-@lru_cache(maxsize=64)
+# Unbounded on purpose: one entry per node this process hosts. A Ray actor serves
+# every node of a 100-300 client federation in turn, and a bounded cache that the
+# federation outgrows re-partitions evicted nodes on every message.
+@cache
 def _client_data(
     dataset: str, data_root: str, partition_id: int, num_partitions: int, partition: tuple
 ) -> ClientData:
@@ -336,16 +339,52 @@ def _client_data(
     )
 
 
-def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
-    """This node's partition, loaded once per process."""
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+def _data_key(settings: Mapping[str, Any], context: Context) -> tuple[Any, ...]:
     partition_id, num_partitions = node_partition(context)
-    return _client_data(
+    return (
         settings["dataset"],
         settings["data-root"],
         partition_id,
         num_partitions,
         tuple(sorted(partition_settings(settings).items())),
+    )
+
+
+def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
+    """This node's partition, loaded once per process."""
+    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    return _client_data(*_data_key(settings, context))
+
+
+# Every learner call loads the weights it is sent into the model first, and a
+# process runs one message at a time, so nodes of one architecture share a model.
+@lru_cache(maxsize=8)
+def _shared_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, device: str
+) -> torch.nn.Module:
+    return build_model(name, input_shape, num_classes).to(device)  # type: ignore[arg-type]
+
+
+@cache
+def _cached_learner(
+    data_key: tuple[Any, ...], model_name: str, device: str, threads: int
+) -> TorchLearner:
+    # Threads follow the simulation's client resources (one CPU per client by default);
+    # more torch threads than the actor's CPUs oversubscribe the cores.
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    data = _client_data(*data_key)
+    num_classes = load_dataset(data_key[0], data_key[1] or None).num_classes
+    torch_device = resolve_device(device)
+    model = _shared_model(model_name, tuple(data.x_train.shape[1:]), num_classes, str(torch_device))
+    return TorchLearner(
+        model,
+        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
+        validation_set=TensorDataset(torch.from_numpy(data.x_val), torch.from_numpy(data.y_val))
+        if len(data.y_val)
+        else None,
+        device=torch_device,
     )
 
 
@@ -360,18 +399,13 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """
 
     def learner_fn(context: Context) -> TorchLearner:
+        # Built once per node and process: data on the device, model shared.
         settings = parse_run_config({**context.run_config, **(overrides or {})})
-        data = client_data_for(context, overrides)
-        num_classes = load_dataset(settings["dataset"], settings["data-root"] or None).num_classes
-        model = build_model(settings["model"], tuple(data.x_train.shape[1:]), num_classes)
-        return TorchLearner(
-            model,
-            TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
-            TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
-            validation_set=TensorDataset(torch.from_numpy(data.x_val), torch.from_numpy(data.y_val))
-            if len(data.y_val)
-            else None,
-            device=resolve_device(settings["device"]),
+        return _cached_learner(
+            _data_key(settings, context),
+            settings["model"],
+            settings["device"],
+            settings["torch-threads"],
         )
 
     def metadata_fn(context: Context) -> dict[str, Any]:

@@ -175,6 +175,12 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
     ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
     ConfigKey("fldc-r", 0.2, minimum=0.0, maximum=1.0, help="FLDC sampling rate per cluster"),
+    ConfigKey(
+        "torch-threads",
+        1,
+        minimum=0,
+        help="torch threads per client process; match client resources' num-cpus (0 = default)",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}
