@@ -388,6 +388,22 @@ def _cached_learner(
     )
 
 
+def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) -> TorchLearner:
+    """This node's learner, built once per process and reused for every message.
+
+    Its data stay on the device between messages and nodes of one architecture
+    share one model, into which each call loads the weights it is sent. Building a
+    learner also sets this process's torch threads to the ``torch-threads`` key.
+    """
+    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    return _cached_learner(
+        _data_key(settings, context),
+        settings["model"],
+        settings["device"],
+        settings["torch-threads"],
+    )
+
+
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """The ClientApp on fl-clusters' own data and models.
 
@@ -399,14 +415,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """
 
     def learner_fn(context: Context) -> TorchLearner:
-        # Built once per node and process: data on the device, model shared.
-        settings = parse_run_config({**context.run_config, **(overrides or {})})
-        return _cached_learner(
-            _data_key(settings, context),
-            settings["model"],
-            settings["device"],
-            settings["torch-threads"],
-        )
+        return learner_for(context, overrides)
 
     def metadata_fn(context: Context) -> dict[str, Any]:
         data = client_data_for(context, overrides)
