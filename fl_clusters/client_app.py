@@ -174,13 +174,16 @@ def _report(
     metadata = dict(metadata)
     groups = metadata.pop(TEST_GROUPS, None)
     models = _candidate_models(message)
-    scores = [learner.evaluate(m, "test") for m in models]
+    if learner.num_examples("test") == 0:
+        raise ValueError("split 'test' of this client is empty")
+    # One test pass per model serves the loss, the accuracy and the group counts.
+    test_scores = [learner.per_sample_scores(m, "test") for m in models]
     train_losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
     config = _config(message)
     metrics = MetricRecord(
         {
-            "test-accuracy": [acc for _, acc in scores],
-            "test-loss": [loss for loss, _ in scores],
+            "test-accuracy": [float(correct.mean()) for _, correct in test_scores],
+            "test-loss": [float(losses.mean(dtype=np.float64)) for losses, _ in test_scores],
             "train-loss": train_losses,
             "num-test": learner.num_examples("test"),
             p.M_NUM_EXAMPLES: learner.num_examples("train"),
@@ -196,7 +199,7 @@ def _report(
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]
     if groups is not None:
-        correct, counts = _group_scores(learner, models, groups)
+        correct, counts = _group_scores([c for _, c in test_scores], groups)
         metrics["group-correct"] = correct
         metrics["group-counts"] = counts
     for key, value in metadata.items():
@@ -204,16 +207,15 @@ def _report(
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
 
-def _group_scores(
-    learner: TorchLearner, models: list[ArrayRecord], groups: Any
-) -> tuple[list[int], list[int]]:
+def _group_scores(correct: list[np.ndarray], groups: Any) -> tuple[list[int], list[int]]:
     """Correct test predictions of every model per group (row-major, model by group).
 
+    ``correct`` holds each model's per-sample correctness on the test split.
     Returns the flattened ``(num models, num groups)`` correct counts and the number
     of test samples of each group.
     """
     labels = np.asarray(groups)
-    num_test = learner.num_examples("test")
+    num_test = len(correct[0])
     if labels.shape != (num_test,) or not np.issubdtype(labels.dtype, np.integer) or (
         labels.size and labels.min() < 0
     ):
@@ -222,12 +224,9 @@ def _group_scores(
             f"sample ({num_test}), got shape {labels.shape} of {labels.dtype}"
         )
     num_groups = int(labels.max()) + 1 if labels.size else 0
-    correct = [
-        np.bincount(labels, weights=learner.per_sample_correct(m, "test"), minlength=num_groups)
-        for m in models
-    ]
+    per_group = [np.bincount(labels, weights=c, minlength=num_groups) for c in correct]
     counts = np.bincount(labels, minlength=num_groups)
-    return np.concatenate(correct).astype(int).tolist(), counts.astype(int).tolist()
+    return np.concatenate(per_group).astype(int).tolist(), counts.astype(int).tolist()
 
 
 def _sample_assignment(learner: TorchLearner, message: Message) -> Message:

@@ -224,6 +224,22 @@ class TorchLearner:
         return torch.cat(out).numpy() if out else np.zeros(0, dtype=bool)
 
     @torch.no_grad()
+    def per_sample_scores(
+        self, arrays: ArrayRecord, split: str = "test"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Loss and correctness (bool) of every sample of ``split``, in one pass."""
+        self._load(arrays)
+        self.model.eval()
+        losses, correct = [], []
+        for x, y in self._batches(split, EVAL_BATCH):
+            logits = self.model(x)
+            losses.append(self.loss_fn(logits, y).cpu())
+            correct.append((logits.argmax(dim=1) == y).cpu())
+        if not losses:
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        return torch.cat(losses).numpy(), torch.cat(correct).numpy()
+
+    @torch.no_grad()
     def evaluate(self, arrays: ArrayRecord, split: str = "test") -> tuple[float, float]:
         """Mean loss and accuracy of ``arrays`` on ``split``."""
         self._load(arrays)

@@ -85,6 +85,10 @@ def test_fast_path_trains_and_scores_like_the_dataloader_path() -> None:
     )
     assert (fast.per_sample_correct(start) == slow.per_sample_correct(start)).all()
     assert fast.evaluate(start) == pytest.approx(slow.evaluate(start))
+    # The report's single test pass gives what evaluate and per_sample_correct give.
+    losses, correct = fast.per_sample_scores(start)
+    assert (losses.mean(), correct.mean()) == pytest.approx(slow.evaluate(start), rel=1e-6)
+    assert (correct == slow.per_sample_correct(start)).all()
     fast_grad, fast_total = fast.gradient(start)
     slow_grad, slow_total = slow.gradient(start)
     assert fast_total == pytest.approx(slow_total)
