@@ -35,9 +35,9 @@ $(VENV)/.installed: pyproject.toml
 # the job. Both by the PID listening on that port (deploy/stop-local-superlink.sh).
 run: setup
 	@deploy/stop-local-superlink.sh --quiet
-	$(info flwr run . --stream --federation-config "num-supernodes=20" $(RUN_ARGS))
+	$(info flwr run . --stream --federation-config "num-supernodes=20 client-resources-num-cpus=1" $(RUN_ARGS))
 	@status=0; PATH=$(BIN):$$PATH flwr run . --stream \
-		--federation-config "num-supernodes=20" $(RUN_ARGS) \
+		--federation-config "num-supernodes=20 client-resources-num-cpus=1" $(RUN_ARGS) \
 		| $(RUN_OUTPUT_FILTER) || status=$$?; \
 	deploy/stop-local-superlink.sh --quiet; exit $$status
 

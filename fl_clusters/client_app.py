@@ -9,7 +9,7 @@ builds a learner from the ``Context``. docs/protocol.md describes the messages.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -174,13 +174,16 @@ def _report(
     metadata = dict(metadata)
     groups = metadata.pop(TEST_GROUPS, None)
     models = _candidate_models(message)
-    scores = [learner.evaluate(m, "test") for m in models]
+    if learner.num_examples("test") == 0:
+        raise ValueError("split 'test' of this client is empty")
+    # One test pass per model serves the loss, the accuracy and the group counts.
+    test_scores = [learner.per_sample_scores(m, "test") for m in models]
     train_losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
     config = _config(message)
     metrics = MetricRecord(
         {
-            "test-accuracy": [acc for _, acc in scores],
-            "test-loss": [loss for loss, _ in scores],
+            "test-accuracy": [float(correct.mean()) for _, correct in test_scores],
+            "test-loss": [float(losses.mean(dtype=np.float64)) for losses, _ in test_scores],
             "train-loss": train_losses,
             "num-test": learner.num_examples("test"),
             p.M_NUM_EXAMPLES: learner.num_examples("train"),
@@ -196,7 +199,7 @@ def _report(
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]
     if groups is not None:
-        correct, counts = _group_scores(learner, models, groups)
+        correct, counts = _group_scores([c for _, c in test_scores], groups)
         metrics["group-correct"] = correct
         metrics["group-counts"] = counts
     for key, value in metadata.items():
@@ -204,16 +207,15 @@ def _report(
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
 
-def _group_scores(
-    learner: TorchLearner, models: list[ArrayRecord], groups: Any
-) -> tuple[list[int], list[int]]:
+def _group_scores(correct: list[np.ndarray], groups: Any) -> tuple[list[int], list[int]]:
     """Correct test predictions of every model per group (row-major, model by group).
 
+    ``correct`` holds each model's per-sample correctness on the test split.
     Returns the flattened ``(num models, num groups)`` correct counts and the number
     of test samples of each group.
     """
     labels = np.asarray(groups)
-    num_test = learner.num_examples("test")
+    num_test = len(correct[0])
     if labels.shape != (num_test,) or not np.issubdtype(labels.dtype, np.integer) or (
         labels.size and labels.min() < 0
     ):
@@ -222,12 +224,9 @@ def _group_scores(
             f"sample ({num_test}), got shape {labels.shape} of {labels.dtype}"
         )
     num_groups = int(labels.max()) + 1 if labels.size else 0
-    correct = [
-        np.bincount(labels, weights=learner.per_sample_correct(m, "test"), minlength=num_groups)
-        for m in models
-    ]
+    per_group = [np.bincount(labels, weights=c, minlength=num_groups) for c in correct]
     counts = np.bincount(labels, minlength=num_groups)
-    return np.concatenate(correct).astype(int).tolist(), counts.astype(int).tolist()
+    return np.concatenate(per_group).astype(int).tolist(), counts.astype(int).tolist()
 
 
 def _sample_assignment(learner: TorchLearner, message: Message) -> Message:
@@ -327,7 +326,10 @@ def node_partition(context: Context) -> tuple[int, int]:
     return partition_id, num_partitions
 
 
-@lru_cache(maxsize=64)
+# Unbounded on purpose: one entry per node this process hosts. A Ray actor serves
+# every node of a 100-300 client federation in turn, and a bounded cache that the
+# federation outgrows re-partitions evicted nodes on every message.
+@cache
 def _client_data(
     dataset: str, data_root: str, partition_id: int, num_partitions: int, partition: tuple
 ) -> ClientData:
@@ -336,16 +338,68 @@ def _client_data(
     )
 
 
-def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
-    """This node's partition, loaded once per process."""
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+def _data_key(settings: Mapping[str, Any], context: Context) -> tuple[Any, ...]:
     partition_id, num_partitions = node_partition(context)
-    return _client_data(
+    return (
         settings["dataset"],
         settings["data-root"],
         partition_id,
         num_partitions,
         tuple(sorted(partition_settings(settings).items())),
+    )
+
+
+def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
+    """This node's partition, loaded once per process."""
+    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    return _client_data(*_data_key(settings, context))
+
+
+# Every learner call loads the weights it is sent into the model first, and a
+# process runs one message at a time, so nodes of one architecture share a model.
+@lru_cache(maxsize=8)
+def _shared_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, device: str
+) -> torch.nn.Module:
+    return build_model(name, input_shape, num_classes).to(device)  # type: ignore[arg-type]
+
+
+@cache
+def _cached_learner(
+    data_key: tuple[Any, ...], model_name: str, device: str, threads: int
+) -> TorchLearner:
+    # Threads follow the simulation's client resources (one CPU per client by default);
+    # more torch threads than the actor's CPUs oversubscribe the cores.
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    data = _client_data(*data_key)
+    num_classes = load_dataset(data_key[0], data_key[1] or None).num_classes
+    torch_device = resolve_device(device)
+    model = _shared_model(model_name, tuple(data.x_train.shape[1:]), num_classes, str(torch_device))
+    return TorchLearner(
+        model,
+        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
+        validation_set=TensorDataset(torch.from_numpy(data.x_val), torch.from_numpy(data.y_val))
+        if len(data.y_val)
+        else None,
+        device=torch_device,
+    )
+
+
+def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) -> TorchLearner:
+    """This node's learner, built once per process and reused for every message.
+
+    Its data stay on the device between messages and nodes of one architecture
+    share one model, into which each call loads the weights it is sent. Building a
+    learner also sets this process's torch threads to the ``torch-threads`` key.
+    """
+    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    return _cached_learner(
+        _data_key(settings, context),
+        settings["model"],
+        settings["device"],
+        settings["torch-threads"],
     )
 
 
@@ -360,19 +414,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """
 
     def learner_fn(context: Context) -> TorchLearner:
-        settings = parse_run_config({**context.run_config, **(overrides or {})})
-        data = client_data_for(context, overrides)
-        num_classes = load_dataset(settings["dataset"], settings["data-root"] or None).num_classes
-        model = build_model(settings["model"], tuple(data.x_train.shape[1:]), num_classes)
-        return TorchLearner(
-            model,
-            TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
-            TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
-            validation_set=TensorDataset(torch.from_numpy(data.x_val), torch.from_numpy(data.y_val))
-            if len(data.y_val)
-            else None,
-            device=resolve_device(settings["device"]),
-        )
+        return learner_for(context, overrides)
 
     def metadata_fn(context: Context) -> dict[str, Any]:
         data = client_data_for(context, overrides)

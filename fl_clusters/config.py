@@ -226,6 +226,12 @@ KEYS: tuple[ConfigKey, ...] = (
         "acfl-converge-tolerance", 0.1, minimum=0.0, maximum=1.0,
         help="ACFL relative gate: converged when the mean norm changes by less than this",
     ),
+    ConfigKey(
+        "torch-threads",
+        1,
+        minimum=0,
+        help="torch threads per client process; match client resources' num-cpus (0 = default)",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

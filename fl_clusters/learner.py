@@ -7,13 +7,13 @@ and data (see ``fl_clusters.client_app.register_handlers``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters.models import arrays_to_model, model_to_arrays
 
@@ -69,6 +69,13 @@ class TorchLearner:
         if validation_set is not None:
             self.splits["validation"] = validation_set
         self.loss_fn = loss_fn or nn.CrossEntropyLoss(reduction="none")
+        # In-memory (x, y) splits move to the device once; batches are then index
+        # slices of these tensors instead of a DataLoader collating sample by sample.
+        self._tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {
+            name: (data.tensors[0].to(self.device), data.tensors[1].to(self.device))
+            for name, data in self.splits.items()
+            if isinstance(data, TensorDataset) and len(data.tensors) == 2
+        }
 
     def num_examples(self, split: str = "train") -> int:
         """Number of samples in a split."""
@@ -81,6 +88,37 @@ class TorchLearner:
 
     def _load(self, arrays: ArrayRecord) -> None:
         arrays_to_model(self.model, arrays)
+
+    def _batches(
+        self, split: str, batch_size: int, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One pass over ``split`` on the device; shuffled when ``generator`` is given.
+
+        Shuffled passes draw from ``generator`` exactly what
+        ``DataLoader(shuffle=True, generator=generator)`` draws (a base seed, the
+        permutation, then the sampler's trailing permutation), so the fast path
+        gives the same batches, epoch after epoch, as the DataLoader path did.
+        """
+        if split not in self._tensors:
+            loader = DataLoader(
+                self._split(split), batch_size=batch_size, shuffle=generator is not None,
+                generator=generator,
+            )
+            for x, y in loader:
+                yield x.to(self.device), y.to(self.device)
+            return
+        x_all, y_all = self._tensors[split]
+        n = len(y_all)
+        if generator is None:
+            for start in range(0, n, batch_size):
+                yield x_all[start : start + batch_size], y_all[start : start + batch_size]
+            return
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        order = torch.randperm(n, generator=generator).to(self.device)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            yield x_all[idx], y_all[idx]
+        torch.randperm(n, generator=generator)
 
     def train(
         self,
@@ -124,18 +162,13 @@ class TorchLearner:
             if weight > 0
         ]
         optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
-        loader = DataLoader(
-            self._split("train"),
-            batch_size=batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        total_steps = steps if steps > 0 else epochs * len(loader)
+        generator = torch.Generator().manual_seed(seed)
+        batches_per_epoch = -(-self.num_examples("train") // batch_size)
+        total_steps = steps if steps > 0 else epochs * batches_per_epoch
         self.model.train()
         losses: list[float] = []
         while len(losses) < total_steps:
-            for x, y in loader:
-                x, y = x.to(self.device), y.to(self.device)
+            for x, y in self._batches("train", batch_size, generator):
                 optimizer.zero_grad()
                 loss = self.loss_fn(self.model(x), y).mean()
                 losses.append(float(loss.detach()))
@@ -156,8 +189,7 @@ class TorchLearner:
         self.model.zero_grad()
         n = self.num_examples("train")
         total = 0.0
-        for x, y in DataLoader(self._split("train"), batch_size=EVAL_BATCH):
-            x, y = x.to(self.device), y.to(self.device)
+        for x, y in self._batches("train", EVAL_BATCH):
             loss = self.loss_fn(self.model(x), y).sum() / n
             loss.backward()
             total += float(loss.detach())
@@ -177,8 +209,7 @@ class TorchLearner:
         self._load(arrays)
         self.model.eval()
         out = [
-            self.loss_fn(self.model(x.to(self.device)), y.to(self.device)).cpu()
-            for x, y in DataLoader(self._split(split), batch_size=EVAL_BATCH)
+            self.loss_fn(self.model(x), y).cpu() for x, y in self._batches(split, EVAL_BATCH)
         ]
         return torch.cat(out).numpy() if out else np.zeros(0)
 
@@ -188,10 +219,25 @@ class TorchLearner:
         self._load(arrays)
         self.model.eval()
         out = [
-            (self.model(x.to(self.device)).argmax(dim=1) == y.to(self.device)).cpu()
-            for x, y in DataLoader(self._split(split), batch_size=EVAL_BATCH)
+            (self.model(x).argmax(dim=1) == y).cpu() for x, y in self._batches(split, EVAL_BATCH)
         ]
         return torch.cat(out).numpy() if out else np.zeros(0, dtype=bool)
+
+    @torch.no_grad()
+    def per_sample_scores(
+        self, arrays: ArrayRecord, split: str = "test"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Loss and correctness (bool) of every sample of ``split``, in one pass."""
+        self._load(arrays)
+        self.model.eval()
+        losses, correct = [], []
+        for x, y in self._batches(split, EVAL_BATCH):
+            logits = self.model(x)
+            losses.append(self.loss_fn(logits, y).cpu())
+            correct.append((logits.argmax(dim=1) == y).cpu())
+        if not losses:
+            return np.zeros(0), np.zeros(0, dtype=bool)
+        return torch.cat(losses).numpy(), torch.cat(correct).numpy()
 
     @torch.no_grad()
     def evaluate(self, arrays: ArrayRecord, split: str = "test") -> tuple[float, float]:
@@ -199,8 +245,7 @@ class TorchLearner:
         self._load(arrays)
         self.model.eval()
         loss_sum, correct, count = 0.0, 0, 0
-        for x, y in DataLoader(self._split(split), batch_size=EVAL_BATCH):
-            x, y = x.to(self.device), y.to(self.device)
+        for x, y in self._batches(split, EVAL_BATCH):
             logits = self.model(x)
             loss_sum += float(self.loss_fn(logits, y).sum())
             correct += int((logits.argmax(dim=1) == y).sum())
@@ -215,5 +260,8 @@ class TorchLearner:
         n = len(data)  # type: ignore[arg-type]
         rng = np.random.default_rng(seed)
         idx = rng.choice(n, size=min(num_samples, n), replace=False)
-        xs = torch.stack([data[int(i)][0] for i in idx])
+        if split in self._tensors:
+            xs = self._tensors[split][0][torch.from_numpy(idx).to(self.device)].cpu()
+        else:
+            xs = torch.stack([data[int(i)][0] for i in idx])
         return xs.reshape(len(idx), -1).mean(dim=0).numpy().astype(np.float64)

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from fl_clusters import protocol as p
 from fl_clusters.config import parse_run_config
-from fl_clusters.data import load_dataset
+from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.metrics import (
     MeteredGrid,
     density_clustering_scores,
@@ -75,11 +75,13 @@ def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
 
 
 def initial_arrays(settings: Mapping[str, Any]) -> ArrayRecord:
-    """A freshly initialized model for the configured data set (seeded)."""
-    dataset = load_dataset(settings["dataset"], settings["data-root"] or None)
-    model = build_model(
-        settings["model"], tuple(dataset.x.shape[1:]), dataset.num_classes, seed=settings["seed"]
-    )
+    """A freshly initialized model for the configured data set (seeded).
+
+    Sized from :data:`~fl_clusters.data.DATASET_SHAPES`: the server never loads
+    the data set itself.
+    """
+    input_shape, num_classes = DATASET_SHAPES[settings["dataset"]]
+    model = build_model(settings["model"], input_shape, num_classes, seed=settings["seed"])
     return model_to_arrays(model)
 
 

@@ -286,10 +286,11 @@ def test_report_rejects_groups_that_do_not_match_the_test_split() -> None:
         build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y), TensorDataset(x, y)
     )
     model = ArrayRecord(learner.model.state_dict())
-    correct, counts = _group_scores(learner, [model, model], [0, 1, 1, 1])
+    scored = learner.per_sample_scores(model, "test")[1]
+    correct, counts = _group_scores([scored, scored], [0, 1, 1, 1])
     assert counts == [1, 3] and len(correct) == 4 and correct[:2] == correct[2:]
     with pytest.raises(ValueError, match="one non-negative integer group per test sample"):
-        _group_scores(learner, [model], [0, 1])
+        _group_scores([scored], [0, 1])
 
 
 # The acceptance setting: 20 clients, a 2-source rotation mixture of digits.

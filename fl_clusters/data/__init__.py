@@ -2,6 +2,7 @@
 
 from fl_clusters.data.loaders import (
     CIFAR10_HUB_ID,
+    DATASET_SHAPES,
     DATASETS,
     EMNIST_SPLIT,
     FASHION_MNIST_ROOT,
@@ -22,6 +23,7 @@ __all__ = [
     "CIFAR10_HUB_ID",
     "CLUSTER_STRUCTURES",
     "DATASETS",
+    "DATASET_SHAPES",
     "EMNIST_SPLIT",
     "FASHION_MNIST_ROOT",
     "MIN_CLIENT_SAMPLES",

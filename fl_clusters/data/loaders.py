@@ -34,6 +34,15 @@ from pathlib import Path
 import numpy as np
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
+# Input shape (C, H, W) and number of classes of each data set, so the server can
+# size the model without loading the data (tests check them against the loaders).
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "digits": ((1, 8, 8), 10),
+    "fashion-mnist": ((1, 28, 28), 10),
+    "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "emnist": ((1, 28, 28), 47),
+}
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"
 TORCHVISION_ROOT = str(Path.home() / ".cache" / "fl-clusters")

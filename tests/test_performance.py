@@ -1,0 +1,160 @@
+"""Fast paths of the client: index-slice batching, per-process learner and data caches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Context, RecordDict
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from fl_clusters import client_app
+from fl_clusters.data import DATASET_SHAPES, load_dataset
+from fl_clusters.data import loaders as data_loaders
+from fl_clusters.learner import TorchLearner
+from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.server_app import initial_arrays
+
+
+class _Generic(Dataset):
+    """Same samples as a TensorDataset, but a Dataset the learner must load with a DataLoader."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def _data(n: int = 53) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(n, 1, 8, 8)).astype(np.float32))
+    y = torch.from_numpy(rng.integers(0, 10, size=n).astype(np.int64))
+    return x, y
+
+
+def _learners() -> tuple[TorchLearner, TorchLearner]:
+    x, y = _data()
+    fast = TorchLearner(build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y), TensorDataset(x, y))
+    slow = TorchLearner(build_model("mlp", (1, 8, 8), 10), _Generic(x, y), _Generic(x, y))
+    return fast, slow
+
+
+@pytest.mark.parametrize("n", [53, 48])  # a partial last batch, and none
+def test_fast_batches_follow_the_seeded_dataloader_order_over_epochs(n: int) -> None:
+    x, y = _data(n)
+    learner = TorchLearner(
+        build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y), TensorDataset(x, y)
+    )
+    fast_gen, loader_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, generator=loader_gen)
+    for _ in range(3):
+        fast = [yb.tolist() for _, yb in learner._batches("train", 16, fast_gen)]
+        expected = [yb.tolist() for _, yb in loader]
+        assert fast == expected
+    # Every sample exactly once per epoch, in a seeded order that is not the identity.
+    order = torch.cat(
+        [xb for xb, _ in learner._batches("train", 16, torch.Generator().manual_seed(1))]
+    )
+    rows = [int(np.flatnonzero((x == row).all(dim=(1, 2, 3)))[0]) for row in order]
+    assert sorted(rows) == list(range(n)) and rows != list(range(n))
+
+
+def test_fast_path_trains_and_scores_like_the_dataloader_path() -> None:
+    fast, slow = _learners()
+    start = model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=3))
+    for steps, epochs in [(0, 2), (5, 1)]:
+        fast_arrays, fast_loss = fast.train(
+            start, lr=0.1, batch_size=16, epochs=epochs, steps=steps, seed=4
+        )
+        slow_arrays, slow_loss = slow.train(
+            start, lr=0.1, batch_size=16, epochs=epochs, steps=steps, seed=4
+        )
+        assert fast_loss == pytest.approx(slow_loss, rel=1e-6)
+        for name in fast_arrays:
+            np.testing.assert_allclose(
+                fast_arrays[name].numpy(), slow_arrays[name].numpy(), atol=1e-6
+            )
+    np.testing.assert_allclose(
+        fast.per_sample_losses(start), slow.per_sample_losses(start), rtol=1e-6
+    )
+    assert (fast.per_sample_correct(start) == slow.per_sample_correct(start)).all()
+    assert fast.evaluate(start) == pytest.approx(slow.evaluate(start))
+    # The report's single test pass gives what evaluate and per_sample_correct give.
+    losses, correct = fast.per_sample_scores(start)
+    assert (losses.mean(), correct.mean()) == pytest.approx(slow.evaluate(start), rel=1e-6)
+    assert (correct == slow.per_sample_correct(start)).all()
+    fast_grad, fast_total = fast.gradient(start)
+    slow_grad, slow_total = slow.gradient(start)
+    assert fast_total == pytest.approx(slow_total)
+    for name in fast_grad:
+        np.testing.assert_allclose(fast_grad[name].numpy(), slow_grad[name].numpy(), atol=1e-6)
+    np.testing.assert_array_equal(
+        fast.feature_mean("train", 20, seed=2), slow.feature_mean("train", 20, seed=2)
+    )
+
+
+def _context(partition_id: int, num_partitions: int) -> Context:
+    node_config = {"partition-id": partition_id, "num-partitions": num_partitions}
+    return Context(
+        run_id=1, node_id=partition_id, node_config=node_config, state=RecordDict(), run_config={}
+    )
+
+
+@pytest.fixture
+def keep_torch_threads() -> Iterator[None]:
+    """Building a learner sets the process's torch threads; give later tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("keep_torch_threads")
+def test_learner_and_data_are_built_once_per_node_and_process() -> None:
+    overrides = {"dataset": "digits", "torch-threads": 1}
+    first = client_app.learner_for(_context(0, 80), overrides)
+    assert client_app.learner_for(_context(0, 80), overrides) is first
+    other = client_app.learner_for(_context(1, 80), overrides)
+    assert other is not first and other.model is first.model  # one model per architecture
+    assert torch.get_num_threads() == 1
+    # More nodes than the former lru_cache(maxsize=64) held: none is evicted and rebuilt.
+    data = [client_app.client_data_for(_context(i, 80), overrides) for i in range(80)]
+    assert all(
+        client_app.client_data_for(_context(i, 80), overrides) is d for i, d in enumerate(data)
+    )
+    assert client_app.learner_for(_context(0, 80), overrides) is first
+
+
+@pytest.mark.usefixtures("keep_torch_threads")
+def test_a_node_sees_only_the_weights_it_is_sent_though_the_model_is_shared() -> None:
+    overrides = {"dataset": "digits"}
+    a = client_app.learner_for(_context(2, 20), overrides)
+    b = client_app.learner_for(_context(3, 20), overrides)
+    start = model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=1))
+    before = a.evaluate(start)
+    b.train(start, lr=0.5, batch_size=8, epochs=2)
+    assert a.evaluate(start) == before
+
+
+@pytest.mark.parametrize("name", ["digits", "fashion-mnist"])
+def test_dataset_shapes_match_the_loaded_data(name: str) -> None:
+    dataset = load_dataset(name)
+    assert DATASET_SHAPES[name] == (tuple(dataset.x.shape[1:]), dataset.num_classes)
+
+
+def test_server_sizes_the_model_without_loading_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object) -> None:
+        raise AssertionError("the server loaded the data set")
+
+    monkeypatch.setattr(data_loaders, "_load_cached", refuse)
+    settings = {"dataset": "fashion-mnist", "model": "cnn", "seed": 0}
+    arrays = initial_arrays(settings)
+    model = build_model("cnn", (1, 28, 28), 10, seed=0)
+    assert list(arrays.keys()) == list(model.state_dict().keys())
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(arrays[name].numpy(), value.numpy())
