@@ -36,30 +36,49 @@ from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.registry import build_strategy
 
 NODE_WAIT_S = 60.0
-NODE_SETTLE_S = 3.0
+NODE_QUIET_S = 1.0
+NODE_SETTLE_MAX_S = 10.0
+NODE_POLL_S = 0.2
 
 
 def wait_for_nodes(grid: Grid, minimum: int) -> list[int]:
-    """Wait until at least ``minimum`` nodes are connected and their number settles.
+    """Wait until at least ``minimum`` nodes are connected, then while their count grows.
 
     Nodes register asynchronously; a run that sampled the first two to arrive
-    would silently leave the rest out of round 1.
+    would silently leave the rest out of round 1. Once ``minimum`` nodes are
+    there, the wait goes on only while new nodes keep arriving (no arrival for
+    ``NODE_QUIET_S``), and never longer than ``NODE_SETTLE_MAX_S``, so a
+    federation that is already complete costs one quiet period, not a fixed wait.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid whose connected nodes are counted.
+    minimum : int
+        Nodes the run needs (run-config key ``min-nodes``).
+
+    Returns
+    -------
+    list[int]
+        The connected node ids, sorted.
     """
     start = time.monotonic()
-    seen, stable_since = -1, time.monotonic()
+    seen, changed_at, reached_at = -1, start, None
     while True:
+        now = time.monotonic()
         nodes = sorted(grid.get_node_ids())
         if len(nodes) != seen:
-            seen, stable_since = len(nodes), time.monotonic()
-        settled = time.monotonic() - stable_since >= NODE_SETTLE_S
-        if len(nodes) >= minimum and settled:
-            return nodes
-        if time.monotonic() - start > NODE_WAIT_S and len(nodes) < minimum:
+            seen, changed_at = len(nodes), now
+        if len(nodes) >= minimum:
+            reached_at = now if reached_at is None else reached_at
+            if now - changed_at >= NODE_QUIET_S or now - reached_at >= NODE_SETTLE_MAX_S:
+                return nodes
+        elif now - start > NODE_WAIT_S:
             raise RuntimeError(
                 f"only {len(nodes)} nodes connected after {NODE_WAIT_S:.0f} s; the run needs "
                 f"{minimum} (run-config key 'min-nodes')"
             )
-        time.sleep(0.5)
+        time.sleep(NODE_POLL_S)
 
 
 def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
@@ -253,7 +272,9 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     start = time.time()
     metered = MeteredGrid(grid)
     nodes = wait_for_nodes(metered, settings["min-nodes"])
-    full = {**settings, "min-available-nodes": len(nodes)}
+    # min-nodes is the floor a round needs, not the start-up count: rounds go
+    # on with the nodes that are there when one leaves.
+    full = {**settings, "min-available-nodes": settings["min-nodes"]}
     strategy = build_strategy(full)
     result = strategy.start(
         grid=metered,
