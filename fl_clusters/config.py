@@ -176,6 +176,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
     ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
     ConfigKey("fldc-r", 0.2, minimum=0.0, maximum=1.0, help="FLDC sampling rate per cluster"),
+    ConfigKey("round-timeout", 3600.0, minimum=1.0,
+              help="seconds every send (round, query, report) waits for replies; later ones drop"),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

@@ -118,7 +118,7 @@ def collect_report(
         content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})
         messages.append(Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT))
     rows = []
-    for reply in grid.send_and_receive(messages):
+    for reply in grid.send_and_receive(messages, timeout=settings["round-timeout"]):
         if reply.has_error():
             log(INFO, "report: node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
             continue
@@ -281,6 +281,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         initial_arrays=initial_arrays(settings),
         num_rounds=settings["num-rounds"],
         train_config=train_config(settings),
+        timeout=settings["round-timeout"],
     )
     rows = collect_report(metered, strategy, result.arrays, nodes, settings)
     if not rows:

@@ -90,6 +90,7 @@ class ClusteredStrategy(Strategy):
         self.mcfl = mcfl
         self.mcfl_feature_samples = mcfl_feature_samples
         self.seed = seed
+        self.round_timeout = 3600.0
         self.rng = np.random.default_rng(seed)
         self.assignments: dict[int, int] = {}
         self.node_features: dict[int, np.ndarray] = {}
@@ -204,11 +205,31 @@ class ClusteredStrategy(Strategy):
     def start(  # type: ignore[override]
         self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any
     ) -> Result:
-        """Run ``Strategy.start``; with MCFL, collect every node's feature mean first."""
+        """Run ``Strategy.start``; with MCFL, collect every node's feature mean first.
+
+        The ``timeout`` passed here also bounds every strategy-internal send
+        (:meth:`send`), so a node that stalls cannot hold a query forever.
+        """
+        self.round_timeout = float(kwargs.get("timeout", self.round_timeout))
         if self.mcfl:
             _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
             self.collect_features(grid, nodes)
         return super().start(grid, initial_arrays, *args, **kwargs)
+
+    def send(self, grid: Grid, messages: Iterable[Message]) -> list[Message]:
+        """Send strategy-internal ``messages`` and wait at most the round timeout.
+
+        Replies that arrive later are dropped by the grid; the caller sees only
+        the replies that came in time.
+
+        Parameters
+        ----------
+        grid : Grid
+            The grid to send through.
+        messages : Iterable[Message]
+            The queries to send.
+        """
+        return list(grid.send_and_receive(messages, timeout=self.round_timeout))
 
     def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
         """MCFL: ask the nodes whose feature is unknown for their mean training input.
@@ -220,7 +241,8 @@ class ClusteredStrategy(Strategy):
         if not missing:
             return
         config = ConfigRecord({p.CFG_NUM_SAMPLES: self.mcfl_feature_samples})
-        replies = grid.send_and_receive(
+        replies = self.send(
+            grid,
             self.build_messages(
                 {node: RecordDict({p.CONFIG: config}) for node in missing}, p.QUERY_FEATURES
             )

@@ -141,7 +141,8 @@ class IFCA(ClusteredStrategy):
         nodes = self.sample(grid, self.fraction_train)
         best, best_score = candidates[0], -1.0
         for r, packed in enumerate(candidates):
-            replies = grid.send_and_receive(
+            replies = self.send(
+                grid,
                 self.build_messages(
                     {n: RecordDict({p.CLUSTERS: packed, p.CONFIG: ConfigRecord()}) for n in nodes},
                     p.QUERY_CLUSTER_LOSSES,

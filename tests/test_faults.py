@@ -1,0 +1,34 @@
+"""Faults: every strategy-internal send is bounded by the round timeout."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+
+from fl_clusters.strategies import IFCA
+from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
+
+
+class TimedGrid(StubGrid):
+    """A StubGrid that records the timeout of every send."""
+
+    def __init__(self, nodes: list[int], features: dict[int, list[float]]) -> None:
+        super().__init__(nodes, features)
+        self.timeouts: list[float | None] = []
+
+    def send_and_receive(  # type: ignore[override]
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        self.timeouts.append(timeout)
+        return super().send_and_receive(messages)
+
+
+def test_mcfl_feature_query_waits_at_most_the_round_timeout(server_identity: None) -> None:  # noqa: F811
+    grid = TimedGrid([1, 2], {1: [0.0, 1.0], 2: [1.0, 0.0]})
+    strategy = IFCA(num_clusters=2, restarts=1, mcfl=True)
+    arrays = ArrayRecord([np.zeros(2, dtype=np.float32)])
+    strategy.start(grid, arrays, num_rounds=0, timeout=7.0)  # type: ignore[arg-type]
+    assert grid.timeouts == [7.0]
+    assert sorted(strategy.node_features) == [1, 2]
