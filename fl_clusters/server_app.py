@@ -222,7 +222,19 @@ def write_results(
     rows: list[dict[str, Any]],
     summary: dict[str, Any],
 ) -> None:
-    """Write run config, per-round metrics, assignments, models and summary."""
+    """Write run config, per-round metrics, assignments, models and summary.
+
+    Raises
+    ------
+    RuntimeError
+        If ``result`` holds no model: an empty models.npz would look like a
+        finished run.
+    """
+    if len(result.arrays) == 0:
+        raise RuntimeError(
+            "the run produced no model (no valid client reply was aggregated); nothing is "
+            "written. See the log for the clients' errors"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run_config.json").write_text(json.dumps(dict(settings), indent=2))
     with (folder / "rounds.jsonl").open("w") as out:

@@ -1,12 +1,17 @@
-"""Faults: every strategy-internal send is bounded by the round timeout."""
+"""Faults: bounded sends, and no empty model written."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
+import pytest
 from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import Result
 
+from fl_clusters.config import parse_run_config
+from fl_clusters.server_app import write_results
 from fl_clusters.strategies import IFCA
 from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
 
@@ -32,3 +37,11 @@ def test_mcfl_feature_query_waits_at_most_the_round_timeout(server_identity: Non
     strategy.start(grid, arrays, num_rounds=0, timeout=7.0)  # type: ignore[arg-type]
     assert grid.timeouts == [7.0]
     assert sorted(strategy.node_features) == [1, 2]
+
+
+def test_an_empty_model_is_never_written(tmp_path: Path) -> None:
+    result = Result(arrays=ArrayRecord())
+    settings = parse_run_config({})
+    with pytest.raises(RuntimeError, match="no model"):
+        write_results(tmp_path / "run", settings, result, None, [], {})  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()
