@@ -1,4 +1,4 @@
-"""Faults: bounded sends, and no empty model written."""
+"""Faults: bounded sends, no empty model written, no IFCA restarts without replies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Error, Message
 from flwr.serverapp.strategy import Result
 
 from fl_clusters.config import parse_run_config
@@ -45,3 +45,23 @@ def test_an_empty_model_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="no model"):
         write_results(tmp_path / "run", settings, result, None, [], {})  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
+
+
+class FailingGrid(TimedGrid):
+    """Every node answers every query with an error."""
+
+    def send_and_receive(  # type: ignore[override]
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        self.timeouts.append(timeout)
+        return [Message(Error(code=0, reason="simulated crash"), reply_to=m) for m in messages]
+
+
+def test_ifca_skips_its_restarts_when_every_client_fails(server_identity: None) -> None:  # noqa: F811
+    grid = FailingGrid([1, 2, 3], {})
+    strategy = IFCA(num_clusters=2, restarts=3, min_available_nodes=3)
+    model = ArrayRecord([np.zeros(2, dtype=np.float32)])
+    packed = strategy.initialize(model, grid)  # type: ignore[arg-type]
+    assert len(grid.timeouts) == 1  # one query, not three
+    assert strategy.rejected_replies == 3
+    assert len(packed) > 0

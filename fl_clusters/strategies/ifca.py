@@ -149,6 +149,12 @@ class IFCA(ClusteredStrategy):
                 )
             )
             valid = self.check_replies(replies, None, f"ifca restart {r}")
+            if not valid:
+                # Every sampled client failed: the other candidates would fail the
+                # same way, so asking again only multiplies the failures.
+                log(WARNING, "IFCA restart %d: no valid reply; skipping the remaining "
+                    "restarts and keeping the best candidate so far", r)
+                return best
             choices = [
                 int(np.argmin(m.content.metric_records[p.METRICS]["cluster-losses"]))  # type: ignore[arg-type]
                 for m in valid
