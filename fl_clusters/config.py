@@ -129,7 +129,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
     ConfigKey("num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft)"),
-    ConfigKey("min-nodes", 2, minimum=1, help="nodes to wait for before round 1"),
+    ConfigKey("min-nodes", 2, minimum=1,
+              help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
     ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
     ConfigKey("local-epochs", 1, minimum=1, help="local epochs when local-steps = 0"),
     ConfigKey("local-steps", 10, minimum=0, help="local SGD steps tau (0 = use epochs)"),
@@ -232,6 +233,8 @@ KEYS: tuple[ConfigKey, ...] = (
         minimum=0,
         help="torch threads per client process; match client resources' num-cpus (0 = default)",
     ),
+    ConfigKey("round-timeout", 3600.0, minimum=1.0,
+              help="seconds every send (round, query, report) waits for replies; later ones drop"),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

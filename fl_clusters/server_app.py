@@ -36,30 +36,49 @@ from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.registry import build_strategy
 
 NODE_WAIT_S = 60.0
-NODE_SETTLE_S = 3.0
+NODE_QUIET_S = 1.0
+NODE_SETTLE_MAX_S = 10.0
+NODE_POLL_S = 0.2
 
 
 def wait_for_nodes(grid: Grid, minimum: int) -> list[int]:
-    """Wait until at least ``minimum`` nodes are connected and their number settles.
+    """Wait until at least ``minimum`` nodes are connected, then while their count grows.
 
     Nodes register asynchronously; a run that sampled the first two to arrive
-    would silently leave the rest out of round 1.
+    would silently leave the rest out of round 1. Once ``minimum`` nodes are
+    there, the wait goes on only while new nodes keep arriving (no arrival for
+    ``NODE_QUIET_S``), and never longer than ``NODE_SETTLE_MAX_S``, so a
+    federation that is already complete costs one quiet period, not a fixed wait.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid whose connected nodes are counted.
+    minimum : int
+        Nodes the run needs (run-config key ``min-nodes``).
+
+    Returns
+    -------
+    list[int]
+        The connected node ids, sorted.
     """
     start = time.monotonic()
-    seen, stable_since = -1, time.monotonic()
+    seen, changed_at, reached_at = -1, start, None
     while True:
+        now = time.monotonic()
         nodes = sorted(grid.get_node_ids())
         if len(nodes) != seen:
-            seen, stable_since = len(nodes), time.monotonic()
-        settled = time.monotonic() - stable_since >= NODE_SETTLE_S
-        if len(nodes) >= minimum and settled:
-            return nodes
-        if time.monotonic() - start > NODE_WAIT_S and len(nodes) < minimum:
+            seen, changed_at = len(nodes), now
+        if len(nodes) >= minimum:
+            reached_at = now if reached_at is None else reached_at
+            if now - changed_at >= NODE_QUIET_S or now - reached_at >= NODE_SETTLE_MAX_S:
+                return nodes
+        elif now - start > NODE_WAIT_S:
             raise RuntimeError(
                 f"only {len(nodes)} nodes connected after {NODE_WAIT_S:.0f} s; the run needs "
                 f"{minimum} (run-config key 'min-nodes')"
             )
-        time.sleep(0.5)
+        time.sleep(NODE_POLL_S)
 
 
 def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
@@ -101,7 +120,7 @@ def collect_report(
         content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})
         messages.append(Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT))
     rows = []
-    for reply in grid.send_and_receive(messages):
+    for reply in grid.send_and_receive(messages, timeout=settings["round-timeout"]):
         if reply.has_error():
             log(INFO, "report: node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
             continue
@@ -205,7 +224,19 @@ def write_results(
     rows: list[dict[str, Any]],
     summary: dict[str, Any],
 ) -> None:
-    """Write run config, per-round metrics, assignments, models and summary."""
+    """Write run config, per-round metrics, assignments, models and summary.
+
+    Raises
+    ------
+    RuntimeError
+        If ``result`` holds no model: an empty models.npz would look like a
+        finished run.
+    """
+    if len(result.arrays) == 0:
+        raise RuntimeError(
+            "the run produced no model (no valid client reply was aggregated); nothing is "
+            "written. See the log for the clients' errors"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run_config.json").write_text(json.dumps(dict(settings), indent=2))
     with (folder / "rounds.jsonl").open("w") as out:
@@ -255,13 +286,16 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     start = time.time()
     metered = MeteredGrid(grid)
     nodes = wait_for_nodes(metered, settings["min-nodes"])
-    full = {**settings, "min-available-nodes": len(nodes)}
+    # min-nodes is the floor a round needs, not the start-up count: rounds go
+    # on with the nodes that are there when one leaves.
+    full = {**settings, "min-available-nodes": settings["min-nodes"]}
     strategy = build_strategy(full)
     result = strategy.start(
         grid=metered,
         initial_arrays=initial_arrays(settings),
         num_rounds=settings["num-rounds"],
         train_config=train_config(settings),
+        timeout=settings["round-timeout"],
     )
     rows = collect_report(metered, strategy, result.arrays, nodes, settings)
     if not rows:

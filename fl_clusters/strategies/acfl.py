@@ -284,7 +284,8 @@ class ACFL(HardClusteredStrategy):
     ) -> dict[int, Message]:
         """One trial training round: each node trains ``model``; valid replies by node."""
         record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
-        replies = grid.send_and_receive(
+        replies = self.send(
+            grid,
             self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
         )
         return {
@@ -296,7 +297,8 @@ class ACFL(HardClusteredStrategy):
     ) -> dict[int, float]:
         """Accuracy of each node's model on its validation split, for the nodes that answer."""
         config = ConfigRecord({p.CFG_SPLIT: "validation"})
-        replies = grid.send_and_receive(
+        replies = self.send(
+            grid,
             self.build_messages(
                 {node: RecordDict({p.ARRAYS: m, p.CONFIG: config}) for node, m in models.items()},
                 MessageType.EVALUATE,

@@ -113,6 +113,7 @@ class ClusteredStrategy(Strategy):
         self.mcfl = mcfl
         self.mcfl_feature_samples = mcfl_feature_samples
         self.seed = seed
+        self.round_timeout = 3600.0
         self.rng = np.random.default_rng(seed)
         self.assignments: dict[int, int] = {}
         self.node_features: dict[int, np.ndarray] = {}
@@ -236,14 +237,32 @@ class ClusteredStrategy(Strategy):
 
         A centralized ``evaluate_fn`` written for FedAvg (one model in, one
         MetricRecord out) is called once per cluster model, see
-        :func:`per_cluster_evaluate`.
+        :func:`per_cluster_evaluate`. The ``timeout`` passed here also bounds every
+        strategy-internal send (:meth:`send`), so a node that stalls cannot hold a
+        query forever.
         """
+        self.round_timeout = float(kwargs.get("timeout", self.round_timeout))
         if self.mcfl:
             _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
             self.collect_features(grid, nodes)
         if evaluate_fn is not None:
             evaluate_fn = per_cluster_evaluate(evaluate_fn)
         return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
+
+    def send(self, grid: Grid, messages: Iterable[Message]) -> list[Message]:
+        """Send strategy-internal ``messages`` and wait at most the round timeout.
+
+        Replies that arrive later are dropped by the grid; the caller sees only
+        the replies that came in time.
+
+        Parameters
+        ----------
+        grid : Grid
+            The grid to send through.
+        messages : Iterable[Message]
+            The queries to send.
+        """
+        return list(grid.send_and_receive(messages, timeout=self.round_timeout))
 
     def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
         """MCFL: ask the nodes whose feature is unknown for their mean training input.
@@ -255,7 +274,8 @@ class ClusteredStrategy(Strategy):
         if not missing:
             return
         config = ConfigRecord({p.CFG_NUM_SAMPLES: self.mcfl_feature_samples})
-        replies = grid.send_and_receive(
+        replies = self.send(
+            grid,
             self.build_messages(
                 {node: RecordDict({p.CONFIG: config}) for node in missing}, p.QUERY_FEATURES
             )

@@ -151,7 +151,8 @@ class FedSoft(ClusteredStrategy):
         """
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         config = ConfigRecord({p.CFG_ROUND: server_round})
-        replies = grid.send_and_receive(
+        replies = self.send(
+            grid,
             self.build_messages(
                 {node: RecordDict({p.CLUSTERS: arrays, p.CONFIG: config}) for node in nodes},
                 p.QUERY_SAMPLE_ASSIGNMENT,

@@ -191,13 +191,20 @@ class IFCA(ClusteredStrategy):
         nodes = self.sample(grid, self.fraction_train)
         best, best_score = candidates[0], -1.0
         for r, packed in enumerate(candidates):
-            replies = grid.send_and_receive(
+            replies = self.send(
+                grid,
                 self.build_messages(
                     {n: RecordDict({p.CLUSTERS: packed, p.CONFIG: ConfigRecord()}) for n in nodes},
                     p.QUERY_CLUSTER_LOSSES,
                 )
             )
             valid = self.check_replies(replies, None, f"ifca restart {r}")
+            if not valid:
+                # Every sampled client failed: the other candidates would fail the
+                # same way, so asking again only multiplies the failures.
+                log(WARNING, "IFCA restart %d: no valid reply; skipping the remaining "
+                    "restarts and keeping the best candidate so far", r)
+                return best
             choices = [
                 int(np.argmin(m.content.metric_records[p.METRICS]["cluster-losses"]))  # type: ignore[arg-type]
                 for m in valid

@@ -142,7 +142,8 @@ def build_strategy(settings: Settings) -> Strategy:
     ----------
     settings : Mapping[str, Any]
         Validated run config (:func:`fl_clusters.config.parse_run_config`) plus
-        ``min-available-nodes``, the number of nodes the federation has.
+        ``min-available-nodes``, the fewest connected nodes a round needs
+        (the run-config key ``min-nodes``).
     """
     name = settings["strategy"]
     if name not in BUILDERS:
