@@ -41,6 +41,8 @@ class ConfigKey:
         Allowed values for a string key.
     minimum, maximum : float | None
         Inclusive bounds for a numeric key.
+    exclusive_minimum : bool
+        Whether ``minimum`` itself is refused (a share that must be > 0).
     help : str
         One line for the README and error messages.
     """
@@ -50,6 +52,7 @@ class ConfigKey:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    exclusive_minimum: bool = False
     help: str = ""
 
     def allowed(self) -> str:
@@ -57,10 +60,11 @@ class ConfigKey:
         if self.choices is not None:
             return ", ".join(self.choices)
         kind = type(self.default).__name__
+        low = "(" if self.exclusive_minimum else "["
         if self.minimum is not None and self.maximum is not None:
-            return f"{kind} in [{self.minimum}, {self.maximum}]"
+            return f"{kind} in {low}{self.minimum}, {self.maximum}]"
         if self.minimum is not None:
-            return f"{kind} >= {self.minimum}"
+            return f"{kind} {'>' if self.exclusive_minimum else '>='} {self.minimum}"
         if self.maximum is not None:
             return f"{kind} <= {self.maximum}"
         return kind
@@ -88,7 +92,9 @@ class ConfigKey:
             raise self._error(value)
         if self.choices is not None and converted not in self.choices:
             raise self._error(value)
-        if self.minimum is not None and converted < self.minimum:
+        if self.minimum is not None and (
+            converted < self.minimum or (self.exclusive_minimum and converted == self.minimum)
+        ):
             raise self._error(value)
         if self.maximum is not None and converted > self.maximum:
             raise self._error(value)
@@ -180,7 +186,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
     ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
-    ConfigKey("fldc-r", 0.2, minimum=0.0, maximum=1.0, help="FLDC sampling rate per cluster"),
+    ConfigKey(
+        "fldc-r", 0.2, minimum=0.0, maximum=1.0, exclusive_minimum=True,
+        help="FLDC sampling rate per cluster",
+    ),
     # Issue 13: clusters found on the user's data (docs/clustering-defaults.md).
     ConfigKey(
         "group-sizes", "",

@@ -214,15 +214,32 @@ class ClusteredStrategy(Strategy):
             [start[n].numpy() for n in names],
         )
 
-    def mix_clusters(self, models: list[ArrayRecord]) -> list[ArrayRecord]:
-        """Apply AWCFL's inter-cluster weighting (identity when beta is 0)."""
-        if self.awcfl_beta == 0.0 or len(models) < 2:
+    def mix_clusters(
+        self, models: list[ArrayRecord], active: Iterable[int] | None = None
+    ) -> list[ArrayRecord]:
+        """Apply AWCFL's inter-cluster weighting (identity when beta is 0).
+
+        Parameters
+        ----------
+        models : list[ArrayRecord]
+            Every cluster's model after this round's aggregation.
+        active : Iterable[int] | None
+            The clusters that aggregated members this round; only they are mixed
+            with each other. A cluster without members keeps its model: mixing it
+            would drag it to the others' mean, where it can capture their clients.
+            ``None`` mixes every cluster.
+        """
+        chosen = sorted(set(range(len(models)) if active is None else active))
+        if self.awcfl_beta == 0.0 or len(chosen) < 2:
             return models
         names = list(models[0].keys())
         mixed = inter_cluster_mix(
-            [[m[n].numpy() for n in names] for m in models], self.awcfl_beta
+            [[models[j][n].numpy() for n in names] for j in chosen], self.awcfl_beta
         )
-        return [p.numpy_to_record(names, arrays) for arrays in mixed]
+        result = list(models)
+        for j, arrays in zip(chosen, mixed, strict=True):
+            result[j] = p.numpy_to_record(names, arrays)
+        return result
 
     # --------------------------------------------------------------------- MCFL
     def start(  # type: ignore[override]
@@ -468,7 +485,7 @@ class HardClusteredStrategy(ClusteredStrategy):
             models[cluster] = self.average_models(trained)
             for msg in trained:
                 self.assignments[msg.metadata.src_node_id] = cluster
-        models = self.mix_clusters(models)
+        models = self.mix_clusters(models, active=groups)
         sizes = np.bincount(list(self.assignments.values()), minlength=len(models))
         losses = [
             float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS])  # type: ignore[arg-type]

@@ -357,7 +357,7 @@ class IFCA(ClusteredStrategy):
             for head, group in zip(old_heads, members, strict=True)
         ]
         self._reseed_idle(server_round, old_heads, new_heads, members, heads, len(valid))
-        new_heads = self.mix_clusters(new_heads)
+        new_heads = self.mix_clusters(new_heads, active=[j for j, g in enumerate(members) if g])
         shared = None
         if body:
             old_body, _ = p.split_shared(models[0], heads)
