@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import nearest_feature
+from fl_clusters.clustering import best_fit_counts, nearest_feature
 from fl_clusters.config import parse_run_config, partition_settings
 from fl_clusters.data import ClientData, load_client_data, load_dataset
 from fl_clusters.learner import TorchLearner, resolve_device
@@ -233,9 +233,8 @@ def _sample_assignment(learner: TorchLearner, message: Message) -> Message:
     """FedSoft: how many training samples each cluster model fits best."""
     models = _candidate_models(message)
     losses = np.stack([learner.per_sample_losses(m, "train") for m in models])
-    counts = np.bincount(losses.argmin(axis=0), minlength=len(models))
     metrics = MetricRecord(
-        {"counts": counts.astype(int).tolist(), p.M_NUM_EXAMPLES: learner.num_examples()}
+        {"counts": best_fit_counts(losses).tolist(), p.M_NUM_EXAMPLES: learner.num_examples()}
     )
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 

@@ -1,4 +1,4 @@
-"""Issue 16: AWCFL mixes only the clusters that aggregated; FLDC's r is checked at the boundary."""
+"""Issue 16: AWCFL mixes only aggregated clusters; FLDC r checked at the boundary; FedSoft ties."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
+from fl_clusters.clustering import best_fit_counts
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies import CFL
 
@@ -57,3 +58,13 @@ def test_fldc_r_zero_is_refused_by_the_run_config_not_later() -> None:
                        r"\(0\.0, 1\.0\]"):
         parse_run_config({"fldc-r": 0.0})
     assert parse_run_config({"fldc-r": 1.0})["fldc-r"] == 1.0
+
+
+def test_fedsoft_counts_share_tied_samples_instead_of_giving_them_to_cluster_0() -> None:
+    # Three identical cluster models (a random start in the worst case) tie on
+    # every sample; argmin gave cluster 0 all 4 samples.
+    tied = np.ones((3, 4))
+    np.testing.assert_allclose(best_fit_counts(tied), [4 / 3, 4 / 3, 4 / 3])
+    losses = np.array([[0.1, 0.5, 0.2, 0.9], [0.3, 0.5, 0.2, 0.1], [0.2, 0.6, 0.7, 0.8]])
+    np.testing.assert_allclose(best_fit_counts(losses), [1 + 0.5 + 0.5, 0.5 + 0.5 + 1, 0.0])
+    assert best_fit_counts(losses).sum() == pytest.approx(4.0)

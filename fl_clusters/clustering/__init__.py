@@ -44,6 +44,7 @@ from fl_clusters.clustering.similarity import (
     update_norms,
 )
 from fl_clusters.clustering.soft_weights import (
+    best_fit_counts,
     importance_weights,
     sample_per_cluster,
     selection_probabilities,
@@ -54,6 +55,7 @@ __all__ = [
     "DensityClustering",
     "GreedyIncentiveClustering",
     "assign_by_loss",
+    "best_fit_counts",
     "bipartition_by_cosine",
     "cluster_feature_means",
     "decide_cfl_split",

@@ -7,6 +7,29 @@ import numpy as np
 from fl_clusters.clustering.similarity import _finite_matrix
 
 
+def best_fit_counts(losses: np.ndarray) -> np.ndarray:
+    """FedSoft's ``n_ks``: how many samples each cluster fits best, ties shared.
+
+    A sample whose lowest loss is reached by several clusters (identical cluster
+    models, or a loss that saturates) counts ``1/t`` for each of its ``t`` best
+    clusters: ``argmin`` would hand every tie to the first cluster and bias the
+    importance weights towards cluster 0 exactly when they carry no information.
+
+    Parameters
+    ----------
+    losses : np.ndarray
+        (S, n) finite per-sample losses of S cluster models on n samples.
+
+    Returns
+    -------
+    np.ndarray
+        (S,) float64 counts summing to n.
+    """
+    matrix = _finite_matrix("losses", losses).astype(np.float64)
+    best = matrix == matrix.min(axis=0, keepdims=True)
+    return (best / best.sum(axis=0, keepdims=True)).sum(axis=1)
+
+
 def importance_weights(counts: np.ndarray, sigma: float) -> np.ndarray:
     """Importance weights ``u_ks = max(n_ks / n_k, sigma)``.
 
