@@ -12,7 +12,7 @@ docs/plugin.md shows the change against Flower's quickstart-pytorch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import wraps
 from typing import Any
 
@@ -117,7 +117,16 @@ class LoaderLearner(TorchLearner):
         self.loaders = {"train": train_loader, "test": test_loader}
         self.batch_keys = batch_keys
 
-    def _batches(self, split: str) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(
+        self, split: str, batch_size: int = 0, generator: torch.Generator | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One pass over the user's loader for ``split``, on the device.
+
+        The loader decides the batches: ``batch_size`` and ``generator`` (the
+        built-in learner's batching, used by the inherited scoring methods) are
+        ignored, since only whole passes are scored here, never trained on.
+        """
+        del batch_size, generator
         if split not in self.loaders:
             raise ValueError(
                 f"split {split!r} is not available with ClusteredClient; have train/test"

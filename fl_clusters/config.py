@@ -244,6 +244,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("round-timeout", 3600.0, minimum=1.0,
               help="seconds every send (round, query, report) waits for replies; later ones drop"),
+    ConfigKey(
+        "max-failed-rounds", 3, minimum=1,
+        help="stop the run after this many training rounds in a row without a valid reply",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Error, Message
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result
 
+from fl_clusters import protocol as p
 from fl_clusters.config import parse_run_config
 from fl_clusters.server_app import write_results
 from fl_clusters.strategies import IFCA
@@ -65,3 +66,62 @@ def test_ifca_skips_its_restarts_when_every_client_fails(server_identity: None) 
     assert len(grid.timeouts) == 1  # one query, not three
     assert strategy.rejected_replies == 3
     assert len(packed) > 0
+
+
+@pytest.mark.parametrize("init", ["random", "local-kmeans"])
+def test_a_run_whose_every_client_fails_stops_with_their_reasons(
+    server_identity: None, init: str  # noqa: F811
+) -> None:
+    grid = FailingGrid([1, 2, 3], {})
+    strategy = IFCA(num_clusters=2, init=init, min_available_nodes=3, max_failed_rounds=2)
+    model = ArrayRecord([np.zeros(2, dtype=np.float32)])
+    with pytest.raises(RuntimeError, match=r"2 training rounds in a row without one valid reply"
+                       r".*node 1: client error \(simulated crash\).*max-failed-rounds"):
+        strategy.start(grid, model, num_rounds=5)  # type: ignore[arg-type]
+
+
+def test_one_valid_round_resets_the_failed_round_count(server_identity: None) -> None:  # noqa: F811
+    strategy = IFCA(num_clusters=2, init="random", max_failed_rounds=2)
+    failed = [Message(Error(code=0, reason="crash"), reply_to=m) for m in _train_requests()]
+    strategy.check_replies(failed, None, "aggregate_train")
+    assert strategy.failed_rounds == 1
+    strategy.check_replies(_valid_replies(), None, "aggregate_train")
+    assert strategy.failed_rounds == 0
+    # A query stage (not training) never counts as a failed round.
+    strategy.check_replies(failed, None, "aggregate_evaluate")
+    assert strategy.failed_rounds == 0
+
+
+def _train_requests() -> list[Message]:
+    return [
+        Message(RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN) for node in (1, 2)
+    ]
+
+
+def _valid_replies() -> list[Message]:
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: 5, p.M_TRAIN_LOSS: 0.1})
+    return [Message(RecordDict({p.METRICS: metrics}), reply_to=m) for m in _train_requests()]
+
+
+@pytest.mark.slow
+def test_a_simulation_whose_every_client_crashes_writes_no_results(tmp_path: Path) -> None:
+    """End to end: the ServerApp raises with the clients' reasons and writes nothing."""
+    from flwr.clientapp import ClientApp
+    from flwr.simulation import run_simulation
+
+    from fl_clusters.server_app import build_server_app
+
+    broken = ClientApp()
+
+    @broken.train()
+    def train(message: Message, context: Context) -> Message:
+        raise RuntimeError("the user's data loader is broken")
+
+    settings = {"results-dir": str(tmp_path), "min-nodes": 4, "num-rounds": 4,
+                "max-failed-rounds": 2, "strategy": "ifca", "num-clusters": 2}
+    with pytest.raises(RuntimeError, match=r"(?s)2 training rounds in a row without one valid "
+                       r"reply.*the user's data loader is broken"):
+        run_simulation(server_app=build_server_app(settings), client_app=broken,
+                       num_supernodes=4,
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    assert not list(tmp_path.iterdir())

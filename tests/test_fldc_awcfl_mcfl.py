@@ -96,9 +96,9 @@ def _aggregate(strategy: IFCA, grid: StubGrid) -> list[list[np.ndarray]]:
 
 def test_awcfl_beta_zero_is_exactly_plain_aggregation(server_identity: None) -> None:
     grid = StubGrid([1, 2, 3, 4])
-    plain = _aggregate(IFCA(num_clusters=2, restarts=1), grid)
-    beta0 = _aggregate(IFCA(num_clusters=2, restarts=1, awcfl_beta=0.0), grid)
-    beta_half = _aggregate(IFCA(num_clusters=2, restarts=1, awcfl_beta=0.5), grid)
+    plain = _aggregate(IFCA(num_clusters=2, restarts=1, init="random"), grid)
+    beta0 = _aggregate(IFCA(num_clusters=2, restarts=1, init="random", awcfl_beta=0.0), grid)
+    beta_half = _aggregate(IFCA(num_clusters=2, restarts=1, init="random", awcfl_beta=0.5), grid)
     means = []
     for members in ((1, 2), (3, 4)):
         weights = np.array([REPLIES[n][2] for n in members], dtype=np.float64)
@@ -122,7 +122,7 @@ def test_awcfl_beta_zero_is_exactly_plain_aggregation(server_identity: None) -> 
 def test_mcfl_sends_member_feature_means_at_evaluation(server_identity: None) -> None:
     features = {1: [0.0, 2.0], 2: [2.0, 4.0], 3: [10.0, 0.0], 4: [12.0, 2.0]}
     grid = StubGrid([1, 2, 3, 4], features)
-    strategy = IFCA(num_clusters=2, restarts=1, mcfl=True, mcfl_feature_samples=5)
+    strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True, mcfl_feature_samples=5)
     strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
     packed = _train_round(strategy, grid)
     messages = list(strategy.configure_evaluate(1, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
@@ -136,7 +136,7 @@ def test_mcfl_sends_member_feature_means_at_evaluation(server_identity: None) ->
 
 def test_mcfl_rejects_features_of_the_wrong_length(server_identity: None) -> None:
     grid = StubGrid([1, 2], {1: [0.0, 1.0], 2: [0.0, 1.0, 2.0]})
-    strategy = IFCA(num_clusters=2, restarts=1, mcfl=True)
+    strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True)
     strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
     assert sorted(strategy.node_features) == [1]
     assert strategy.rejected_replies == 1

@@ -233,10 +233,6 @@ def test_evaluate_fn_is_called_per_cluster_model() -> None:
 # ------------------------------------------------ examples/quickstart-pytorch-clustered
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "quickstart-pytorch-clustered"
 SIM_CLIENTS = 6
-# CFL's default gates are absolute update norms; this CNN's updates are larger
-# (mean 1.4-3.3, max 4-6 over rounds 3-8 in the measured runs), so the example
-# passes its own gates through the run config.
-CFL_GATES = {"cfl-eps1": 3.0, "cfl-eps2": 3.5}
 
 
 def test_example_pyproject_config_matches_code_defaults() -> None:
@@ -290,7 +286,10 @@ def fedavg_summary(example_path: None, tmp_path_factory: pytest.TempPathFactory)
 def test_example_recovers_groups_and_beats_fedavg(
     strategy: str, fedavg_summary: dict, tmp_path: Path
 ) -> None:
-    overrides = {"strategy": strategy, **(CFL_GATES if strategy == "cfl" else {})}
+    # CFL runs on its defaults: the relative gate scales with this CNN's update
+    # norms (mean ~3, max ~5.7 at the round-3 split; the old absolute defaults
+    # 0.4/0.45 never split here).
+    overrides = {"strategy": strategy}
     summary = simulate(tmp_path, overrides)
     if strategy == "ifca":
         assert summary["num_models"] == 2

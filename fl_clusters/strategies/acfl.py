@@ -88,7 +88,7 @@ class ACFL(HardClusteredStrategy):
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
-    fraction_train, fraction_evaluate, min_available_nodes, seed
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     awcfl_beta, mcfl, mcfl_feature_samples
         AWCFL and MCFL options; see
@@ -113,6 +113,7 @@ class ACFL(HardClusteredStrategy):
         awcfl_beta: float = 0.0,
         mcfl: bool = False,
         mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
@@ -122,6 +123,7 @@ class ACFL(HardClusteredStrategy):
             awcfl_beta=awcfl_beta,
             mcfl=mcfl,
             mcfl_feature_samples=mcfl_feature_samples,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         if not np.isfinite(beta):

@@ -46,6 +46,10 @@ def per_cluster_evaluate(evaluate_fn: EvaluateFn) -> EvaluateFn:
     return evaluate
 
 
+# Stages whose replies carry trained models: a round without any is a failed round.
+TRAINING_STAGES = ("aggregate_train", "ifca warm start", "fedsoft warm start")
+
+
 class ClusteredStrategy(Strategy):
     """Base of the clustered strategies: k cluster models in one packed ArrayRecord.
 
@@ -79,6 +83,10 @@ class ClusteredStrategy(Strategy):
         (inputs only: no test label is read for the choice).
     mcfl_feature_samples : int (default: 32)
         n, the training inputs a node averages into its uploaded feature.
+    max_failed_rounds : int (default: 3)
+        Training rounds in a row without one valid reply after which the run
+        stops with a ``RuntimeError`` that lists the clients' errors, instead of
+        going on (and returning) with models nobody trained. >= 1.
     seed : int (default: 0)
         Seed of node sampling and of any random initialization.
     """
@@ -92,6 +100,7 @@ class ClusteredStrategy(Strategy):
         awcfl_beta: float = 0.0,
         mcfl: bool = False,
         mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         for name, value in (("fraction_train", fraction_train),
@@ -111,7 +120,14 @@ class ClusteredStrategy(Strategy):
         self.min_available_nodes = min_available_nodes
         self.awcfl_beta = awcfl_beta
         self.mcfl = mcfl
+        if max_failed_rounds < 1:
+            raise ValueError(
+                f"max_failed_rounds={max_failed_rounds} must be >= 1 "
+                "(run-config key 'max-failed-rounds')"
+            )
         self.mcfl_feature_samples = mcfl_feature_samples
+        self.max_failed_rounds = max_failed_rounds
+        self.failed_rounds = 0
         self.seed = seed
         self.round_timeout = 3600.0
         self.rng = np.random.default_rng(seed)
@@ -160,17 +176,43 @@ class ClusteredStrategy(Strategy):
             Name used in the log lines.
         """
         valid: list[Message] = []
+        reasons: list[str] = []
         replies = list(replies)
         for msg in replies:
             node = msg.metadata.src_node_id
             reason = self._reply_problem(msg, reference)
             if reason is not None:
                 self.rejected_replies += 1
+                reasons.append(f"node {node}: {reason}")
                 log(WARNING, "%s: rejected reply from node %d: %s", stage, node, reason)
                 continue
             valid.append(msg)
         log(INFO, "%s: %d valid replies, %d rejected", stage, len(valid), len(replies) - len(valid))
+        if stage in TRAINING_STAGES:
+            self._count_failed_round(stage, valid, reasons)
         return valid
+
+    def _count_failed_round(self, stage: str, valid: list[Message], reasons: list[str]) -> None:
+        """Stop the run after ``max_failed_rounds`` training rounds without a valid reply.
+
+        Flower's loop goes on when ``aggregate_train`` returns nothing, so a
+        federation whose every client fails would otherwise finish "successfully"
+        with the untrained models it started from.
+        """
+        if valid:
+            self.failed_rounds = 0
+            return
+        self.failed_rounds += 1
+        log(WARNING, "%s: no valid reply (%d of %d training rounds in a row allowed)",
+            stage, self.failed_rounds, self.max_failed_rounds)
+        if self.failed_rounds >= self.max_failed_rounds:
+            shown = "; ".join(reasons[:10]) or "no node answered (none sampled or all timed out)"
+            more = f" (+{len(reasons) - 10} more)" if len(reasons) > 10 else ""
+            raise RuntimeError(
+                f"{self.failed_rounds} training rounds in a row without one valid reply, so no "
+                f"model was trained; the clients said: {shown}{more}. Fix the failing "
+                f"ClientApps (or raise run-config key 'max-failed-rounds')"
+            )
 
     @staticmethod
     def _reply_problem(msg: Message, reference: ArrayRecord | None) -> str | None:

@@ -62,7 +62,7 @@ class CFL(HardClusteredStrategy):
         high cross similarity, so this is what prevents spurious splits.
     warmup_rounds : int (default: 2)
         No split is considered in rounds ``<= warmup_rounds``.
-    fraction_train, fraction_evaluate, min_available_nodes, seed
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     awcfl_beta, mcfl, mcfl_feature_samples
         AWCFL and MCFL options; see
@@ -85,6 +85,7 @@ class CFL(HardClusteredStrategy):
         awcfl_beta: float = 0.0,
         mcfl: bool = False,
         mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
@@ -94,6 +95,7 @@ class CFL(HardClusteredStrategy):
             awcfl_beta=awcfl_beta,
             mcfl=mcfl,
             mcfl_feature_samples=mcfl_feature_samples,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         if gate not in ("relative", "absolute"):

@@ -83,7 +83,7 @@ class FedSoft(ClusteredStrategy):
     init : str (default: "random")
         How the S cluster models start: ``"random"`` (independent draws) or
         ``"local-kmeans"`` (a warm-start round, see above).
-    fraction_evaluate, min_available_nodes, seed
+    fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
@@ -98,11 +98,13 @@ class FedSoft(ClusteredStrategy):
         init: str = "random",
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
             fraction_evaluate=fraction_evaluate,
             min_available_nodes=min_available_nodes,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         checks = (

@@ -75,7 +75,7 @@ class FLDC(ClusteredStrategy):
         the ``min_pts``-th nearest model (the model itself included).
     r : float (default: 0.2)
         Share of every cluster sampled each round after the first, in (0, 1].
-    fraction_evaluate, min_available_nodes, seed
+    fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
@@ -87,12 +87,14 @@ class FLDC(ClusteredStrategy):
         r: float = 0.2,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
             fraction_train=1.0,
             fraction_evaluate=fraction_evaluate,
             min_available_nodes=min_available_nodes,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         if min_pts < 2:

@@ -110,7 +110,7 @@ class IFCA(ClusteredStrategy):
         the members of the cluster with the widest spread of updates are split in
         two by 2-means and each side's mean becomes one of the two models. 0
         never re-seeds.
-    fraction_train, fraction_evaluate, min_available_nodes, seed
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     awcfl_beta, mcfl, mcfl_feature_samples
         AWCFL and MCFL options; see
@@ -135,6 +135,7 @@ class IFCA(ClusteredStrategy):
         awcfl_beta: float = 0.0,
         mcfl: bool = False,
         mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
@@ -144,6 +145,7 @@ class IFCA(ClusteredStrategy):
             awcfl_beta=awcfl_beta,
             mcfl=mcfl,
             mcfl_feature_samples=mcfl_feature_samples,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         if num_clusters < 1:
@@ -252,6 +254,10 @@ class IFCA(ClusteredStrategy):
             self.check_replies(replies, model, "ifca warm start"),
             key=lambda m: m.metadata.src_node_id,
         )
+        if not valid:
+            # Nothing to group: the next round tries the warm start again (the
+            # base class stops the run after max_failed_rounds such rounds).
+            return None, None
         if len(valid) < self.num_clusters:
             raise ValueError(
                 f"IFCA warm start: {len(valid)} valid local models for {self.num_clusters} "

@@ -20,7 +20,7 @@ class LocalOnly(ClusteredStrategy):
 
     Parameters
     ----------
-    fraction_train, fraction_evaluate, min_available_nodes, seed
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
@@ -30,12 +30,14 @@ class LocalOnly(ClusteredStrategy):
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
+        max_failed_rounds: int = 3,
         seed: int = 0,
     ) -> None:
         super().__init__(
             fraction_train=fraction_train,
             fraction_evaluate=fraction_evaluate,
             min_available_nodes=min_available_nodes,
+            max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
         self._initial = ArrayRecord()

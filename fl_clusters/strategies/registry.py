@@ -21,6 +21,7 @@ def _common(settings: Settings) -> dict[str, Any]:
     return {
         "fraction_train": settings["fraction-train"],
         "min_available_nodes": settings["min-available-nodes"],
+        "max_failed_rounds": settings["max-failed-rounds"],
         "seed": settings["seed"],
     }
 
@@ -89,6 +90,7 @@ def _fedsoft(settings: Settings) -> Strategy:
         proximal_lambda=settings["fedsoft-lambda"],
         init=settings["fedsoft-init"],
         min_available_nodes=settings["min-available-nodes"],
+        max_failed_rounds=settings["max-failed-rounds"],
         seed=settings["seed"],
     )
 
@@ -99,6 +101,7 @@ def _fldc(settings: Settings) -> Strategy:
         eps=settings["fldc-eps"] or None,  # 0 = the k-distance knee
         r=settings["fldc-r"],
         min_available_nodes=settings["min-available-nodes"],
+        max_failed_rounds=settings["max-failed-rounds"],
         seed=settings["seed"],
     )
 
