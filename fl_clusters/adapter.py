@@ -33,6 +33,7 @@ from fl_clusters.client_app import (
     _mcfl_choice,
     _report,
     _sample_assignment,
+    proximal_centers,
 )
 from fl_clusters.learner import TorchLearner
 
@@ -325,18 +326,7 @@ class ClusteredClient:
     def _proximal_centers(
         self, message: Message, config: ConfigRecord, chosen: ArrayRecord
     ) -> list[tuple[dict[str, torch.Tensor], float]]:
-        mu = float(config.get(p.CFG_PROX_MU, 0.0))
-        if p.CENTERS in message.content.array_records:
-            weights = [float(w) for w in config.get(p.CFG_CENTER_WEIGHTS, [])]  # type: ignore[union-attr]
-            centers = p.unpack_clusters(message.content.array_records[p.CENTERS])
-            if len(weights) != len(centers):
-                raise ValueError(
-                    f"'{p.CFG_CENTER_WEIGHTS}' has {len(weights)} values for "
-                    f"{len(centers)} centres; send one weight per centre"
-                )
-            pairs = list(zip(centers, (mu * w for w in weights), strict=True))
-        else:
-            pairs = [(chosen, mu)] if mu > 0 else []
+        pairs = proximal_centers(message, config, chosen)
         device = self.device or torch.device("cpu")
         return [
             ({k: v.to(device) for k, v in c.to_torch_state_dict().items()}, w)

@@ -100,16 +100,14 @@ def _local_model(context: Context) -> ArrayRecord | None:
     return context.state.array_records.get(LOCAL_MODEL)
 
 
-def _train(learner: TorchLearner, message: Message, context: Context) -> Message:
-    config = _config(message)
-    models = _candidate_models(message)
-    cluster, losses = _choose_cluster(learner, models, config)
-    start = models[cluster]
-    persistent = bool(config.get(p.CFG_PERSISTENT, False))
-    if persistent:
-        # Local-only training and FedSoft keep one model per node across rounds.
-        start = _local_model(context) or start
-    centers: list[tuple[ArrayRecord, float]] = []
+def proximal_centers(
+    message: Message, config: ConfigRecord, chosen: ArrayRecord
+) -> list[tuple[ArrayRecord, float]]:
+    """The (centre, weight) pairs of this message's proximal term.
+
+    FedSoft sends every cluster model as a centre with weight ``mu * u_k``;
+    FedProx (``proximal-mu`` > 0 without centres) pulls towards the chosen model.
+    """
     mu = float(config.get(p.CFG_PROX_MU, 0.0))
     if p.CENTERS in message.content.array_records:
         weights = [float(w) for w in config.get(p.CFG_CENTER_WEIGHTS, [])]  # type: ignore[union-attr]
@@ -119,9 +117,20 @@ def _train(learner: TorchLearner, message: Message, context: Context) -> Message
                 f"'{p.CFG_CENTER_WEIGHTS}' has {len(weights)} values for "
                 f"{len(center_models)} centres; send one weight per centre"
             )
-        centers = [(c, mu * w) for c, w in zip(center_models, weights, strict=True)]
-    elif mu > 0:
-        centers = [(models[cluster], mu)]
+        return [(c, mu * w) for c, w in zip(center_models, weights, strict=True)]
+    return [(chosen, mu)] if mu > 0 else []
+
+
+def _train(learner: TorchLearner, message: Message, context: Context) -> Message:
+    config = _config(message)
+    models = _candidate_models(message)
+    cluster, losses = _choose_cluster(learner, models, config)
+    start = models[cluster]
+    persistent = bool(config.get(p.CFG_PERSISTENT, False))
+    if persistent:
+        # Local-only training and FedSoft keep one model per node across rounds.
+        start = _local_model(context) or start
+    centers = proximal_centers(message, config, models[cluster])
     num_examples = learner.num_examples("train")
     if config.get(p.CFG_RETURN, "model") == "gradient":
         arrays, loss = learner.gradient(start)
