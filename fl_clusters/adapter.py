@@ -285,7 +285,7 @@ class ClusteredClient:
             metrics = self._reply_metrics(reply)
             if len(models) > 1:
                 metrics[p.M_CLUSTER] = cluster
-                metrics["cluster-losses"] = losses
+                metrics[p.M_CLUSTER_LOSSES] = losses
             if persistent and p.ARRAYS in reply.content.array_records:
                 context.state[LOCAL_MODEL] = reply.content.array_records[p.ARRAYS]
             return reply

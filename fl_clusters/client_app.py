@@ -149,7 +149,7 @@ def _train(learner: TorchLearner, message: Message, context: Context) -> Message
     metrics = MetricRecord({p.M_NUM_EXAMPLES: num_examples, p.M_TRAIN_LOSS: loss})
     if len(models) > 1:
         metrics[p.M_CLUSTER] = cluster
-        metrics["cluster-losses"] = losses
+        metrics[p.M_CLUSTER_LOSSES] = losses
     return Message(RecordDict({p.ARRAYS: arrays, p.METRICS: metrics}), reply_to=message)
 
 
@@ -243,7 +243,7 @@ def _sample_assignment(learner: TorchLearner, message: Message) -> Message:
     models = _candidate_models(message)
     losses = np.stack([learner.per_sample_losses(m, "train") for m in models])
     metrics = MetricRecord(
-        {"counts": best_fit_counts(losses).tolist(), p.M_NUM_EXAMPLES: learner.num_examples()}
+        {p.M_COUNTS: best_fit_counts(losses).tolist(), p.M_NUM_EXAMPLES: learner.num_examples()}
     )
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
@@ -253,7 +253,7 @@ def _cluster_losses(learner: TorchLearner, message: Message) -> Message:
     models = _candidate_models(message)
     losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
     metrics = MetricRecord(
-        {"cluster-losses": losses, p.M_NUM_EXAMPLES: learner.num_examples()}
+        {p.M_CLUSTER_LOSSES: losses, p.M_NUM_EXAMPLES: learner.num_examples()}
     )
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 

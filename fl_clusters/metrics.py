@@ -87,6 +87,10 @@ class MeteredGrid(Grid):
         self._grid = grid
         self.sent: dict[int, int] = defaultdict(int)
         self.received: dict[int, int] = defaultdict(int)
+        # Messages whose reply did not come before the timeout (late, or the node left).
+        self.unanswered = 0
+        # Every node id the grid ever listed, to tell joined and lost nodes apart.
+        self.nodes_seen: set[int] = set()
 
     @property
     def bytes_sent(self) -> int:
@@ -112,8 +116,10 @@ class MeteredGrid(Grid):
         return self._grid.create_message(*args, **kwargs)
 
     def get_node_ids(self) -> Iterable[int]:
-        """Delegate to the wrapped grid."""
-        return self._grid.get_node_ids()
+        """Delegate to the wrapped grid, remembering every node it lists."""
+        nodes = list(self._grid.get_node_ids())
+        self.nodes_seen.update(nodes)
+        return nodes
 
     def get_nodes(self):  # type: ignore[no-untyped-def]
         """Delegate to the wrapped grid."""
@@ -139,6 +145,7 @@ class MeteredGrid(Grid):
         server_round = self._count_sent(messages)
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self._count_received(replies, server_round)
+        self.unanswered += max(0, len(messages) - len(replies))
         return replies
 
     def _count_sent(self, messages: list[Message]) -> int:

@@ -11,11 +11,13 @@ arrays every cluster shares (IFCA weight sharing). The same packing is what
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, MetricRecord
 
 # Record keys inside a message's RecordDict.
 ARRAYS = "arrays"  # one model (Flower's FedAvg uses the same key)
@@ -55,6 +57,78 @@ M_CLUSTER = "cluster-id"
 M_LOSS = "loss"
 M_ACCURACY = "accuracy"
 M_FEATURE_MEAN = "feature-mean"  # MCFL: mean of n sampled training inputs
+M_CLUSTER_LOSSES = "cluster-losses"  # mean training loss of every cluster model
+M_COUNTS = "counts"  # FedSoft: training samples each cluster model fits best
+
+
+@dataclass(frozen=True)
+class MetricField:
+    """What one metric of a client's reply must be for a strategy to read it.
+
+    Parameters
+    ----------
+    length : int | None
+        ``None``: a single number. Otherwise a list of exactly ``length`` numbers.
+    low, high : float
+        Inclusive bounds of every value.
+    integer : bool
+        Every value must be a whole number (a cluster id, a count).
+    required : bool
+        A reply without the metric is rejected; an optional one is checked when present.
+    """
+
+    length: int | None = None
+    low: float = -math.inf
+    high: float = math.inf
+    integer: bool = False
+    required: bool = True
+
+
+# Fields of a training reply that every strategy reads.
+TRAIN_FIELDS: Mapping[str, MetricField] = {M_TRAIN_LOSS: MetricField()}
+EVALUATE_FIELDS: Mapping[str, MetricField] = {
+    M_ACCURACY: MetricField(low=0.0, high=1.0),
+    M_LOSS: MetricField(),
+}
+
+
+def check_metrics(metrics: MetricRecord, fields: Mapping[str, MetricField]) -> str | None:
+    """Return why a reply's metrics cannot be read, or ``None`` when they can.
+
+    ``num-examples`` (a finite number > 0: it weights averages) is always checked;
+    ``fields`` names the others the caller reads. Values must be finite: one NaN or
+    Inf would poison every average and ``int()`` of a cluster id raises on it.
+    """
+    problem = _field_problem(metrics, M_NUM_EXAMPLES, MetricField(low=0.0))
+    if problem is None and not float(metrics[M_NUM_EXAMPLES]) > 0:  # type: ignore[arg-type]
+        problem = f"'{M_NUM_EXAMPLES}' is {metrics[M_NUM_EXAMPLES]}, must be > 0"
+    for name, field in fields.items():
+        if problem is not None:
+            break
+        problem = _field_problem(metrics, name, field)
+    return problem
+
+
+def _field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str | None:
+    if name not in metrics:
+        return f"no '{name}' metric" if field.required else None
+    value = metrics[name]
+    if field.length is None:
+        if isinstance(value, list):
+            return f"'{name}' is a list, expected one number"
+        values = np.array([value], dtype=np.float64)
+    else:
+        if not isinstance(value, list) or len(value) != field.length:
+            got = f"{len(value)} values" if isinstance(value, list) else "one number"
+            return f"'{name}' must hold {field.length} numbers, got {got}"
+        values = np.asarray(value, dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        return f"'{name}' holds NaN or Inf"
+    if field.integer and not np.all(values == np.round(values)):
+        return f"'{name}' must hold whole numbers, got {value}"
+    if np.any(values < field.low) or np.any(values > field.high):
+        return f"'{name}' = {value} is outside [{field.low:g}, {field.high:g}]"
+    return None
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")

@@ -7,7 +7,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from logging import INFO
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,18 @@ def initial_arrays(settings: Mapping[str, Any]) -> ArrayRecord:
     return model_to_arrays(model)
 
 
+def report_fields(num_models: int) -> dict[str, p.MetricField]:
+    """The fields of a node's final report that :func:`summarize` reads."""
+    scores = p.MetricField(length=num_models)
+    return {
+        "test-accuracy": p.MetricField(length=num_models, low=0.0, high=1.0),
+        "test-loss": scores,
+        "train-loss": scores,
+        "num-test": p.MetricField(low=1.0, integer=True),
+        "local-accuracy": p.MetricField(low=0.0, high=1.0, required=False),
+    }
+
+
 def collect_report(
     grid: Grid, strategy: Strategy, arrays: ArrayRecord, nodes: list[int], settings: Mapping
 ) -> list[dict[str, Any]]:
@@ -120,12 +132,19 @@ def collect_report(
         content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})
         messages.append(Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT))
     rows = []
+    fields = report_fields(len(p.unpack_clusters(arrays)))
     for reply in grid.send_and_receive(messages, timeout=settings["round-timeout"]):
-        if reply.has_error():
-            log(INFO, "report: node %d failed: %s", reply.metadata.src_node_id, reply.error.reason)
-            continue
-        metrics = reply.content.metric_records[p.METRICS]
         node = reply.metadata.src_node_id
+        if reply.has_error():
+            log(WARNING, "report: node %d failed: %s", node, reply.error.reason)
+            continue
+        metrics = reply.content.metric_records.get(p.METRICS)
+        problem = f"no '{p.METRICS}' record" if metrics is None else p.check_metrics(
+            metrics, fields
+        )
+        if problem is not None:
+            log(WARNING, "report: rejected reply from node %d: %s", node, problem)
+            continue
         assigned = getattr(strategy, "assignment_for", lambda _: None)(node)
         row = {key: metrics[key] for key in metrics}
         row["node-id"] = node
@@ -179,6 +198,37 @@ def summarize(
         "rounds_to_target": rounds_to_target(history, settings["target-accuracy"]),
         "target_accuracy": settings["target-accuracy"],
         "num_rounds": settings["num-rounds"],
+    }
+
+
+def node_fields(
+    start: list[int], final: list[int], seen: set[int], rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Which nodes left, joined late, or sent no usable report (node ids).
+
+    Parameters
+    ----------
+    start : list[int]
+        Nodes connected when the run started.
+    final : list[int]
+        Nodes connected at the final report.
+    seen : set[int]
+        Every node the grid listed during the run.
+    rows : list[dict[str, Any]]
+        The usable reports (their ``node-id``).
+    """
+    everyone = set(start) | set(seen) | set(final)
+    reported = {int(r["node-id"]) for r in rows}
+    late = sorted(everyone - set(start))
+    lost = sorted(everyone - set(final))
+    for node in lost:
+        log(WARNING, "node %d left during the run: its cluster kept its model; no report", node)
+    for row in rows:
+        row["late"] = int(row["node-id"]) in late
+    return {
+        "lost_nodes": lost,
+        "late_nodes": late,
+        "unreported_nodes": sorted(set(final) - reported),
     }
 
 
@@ -252,11 +302,11 @@ def write_results(
             }
             out.write(strict_json(line) + "\n")
     with (folder / "assignments.csv").open("w") as out:
-        out.write("partition_id,node_id,true_cluster,assigned_cluster,personal_accuracy\n")
+        out.write("partition_id,node_id,true_cluster,assigned_cluster,personal_accuracy,late\n")
         for row, acc in zip(rows, summary["per_client_accuracy"], strict=True):
             out.write(
                 f"{row.get('partition-id', -1)},{row['node-id']},{row.get('true-cluster', -1)},"
-                f"{row['assigned']},{acc:.6f}\n"
+                f"{row['assigned']},{acc:.6f},{int(row.get('late', False))}\n"
             )
     np.savez(
         folder / "models.npz", **{key: result.arrays[key].numpy() for key in result.arrays}
@@ -297,16 +347,21 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         train_config=train_config(settings),
         timeout=settings["round-timeout"],
     )
-    rows = collect_report(metered, strategy, result.arrays, nodes, settings)
+    # The report goes to the nodes connected now: one that left would only hold it
+    # up to the timeout, one that joined mid-run is scored like the others.
+    final_nodes = sorted(metered.get_node_ids())
+    rows = collect_report(metered, strategy, result.arrays, final_nodes, settings)
     if not rows:
         raise RuntimeError("no node answered the final report; see the log for their errors")
     summary = summarize(rows, result, settings["strategy"], settings)
     summary.update(strategy_fields(strategy, rows))
+    summary.update(node_fields(nodes, final_nodes, metered.nodes_seen, rows))
     summary.update(
         wall_time_s=time.time() - start,
         bytes_sent=metered.bytes_sent,
         bytes_received=metered.bytes_received,
         rejected_replies=getattr(strategy, "rejected_replies", 0),
+        unanswered_messages=metered.unanswered,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{stamp}-{settings['strategy']}-{uuid.uuid4().hex[:6]}"

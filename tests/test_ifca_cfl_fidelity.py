@@ -160,11 +160,22 @@ def test_output_layer_profiles_drop_scale_and_the_common_row() -> None:
         output_layer_profiles(np.ones((2, 3)))
 
 
-def test_ifca_local_kmeans_needs_one_model_per_cluster() -> None:
+def test_ifca_local_kmeans_needs_one_sampled_node_per_cluster() -> None:
     ifca = IFCA(4, min_available_nodes=2)
-    requests = list(ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2])))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="ifca-init='random'"):
-        ifca.aggregate_train(1, [_reply(r, _model(1.0, 1.0), 10, None) for r in requests])
+    with pytest.raises(ValueError, match=r"2 sampled nodes for 4 clusters.*ifca-init='random'"):
+        ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+
+
+def test_ifca_local_kmeans_repeats_when_too_few_replies_came_back() -> None:
+    ifca = IFCA(4, min_available_nodes=2)
+    model = _model(0.0, 0.0)
+    requests = list(ifca.configure_train(1, model, ConfigRecord(), NodesOnly([1, 2, 3, 4])))  # type: ignore[arg-type]
+    # Two of four nodes answer: no k-means over 2 models for 4 clusters, no crash.
+    assert ifca.aggregate_train(1, [_reply(r, _model(1.0, 1.0), 10, None)
+                                    for r in requests[:2]]) == (None, None)
+    # Flower passes the unchanged model on: the next round is the warm start again.
+    again = list(ifca.configure_train(2, model, ConfigRecord(), NodesOnly([1, 2, 3, 4])))  # type: ignore[arg-type]
+    assert all(p.ARRAYS in m.content.array_records for m in again)
 
 
 def test_ifca_reseeds_a_cluster_nobody_chose_by_splitting_the_widest_one() -> None:

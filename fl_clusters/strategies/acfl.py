@@ -308,7 +308,9 @@ class ACFL(HardClusteredStrategy):
         )
         scores = {
             msg.metadata.src_node_id: float(msg.content.metric_records[p.METRICS][p.M_ACCURACY])  # type: ignore[arg-type]
-            for msg in self.check_replies(replies, None, "ACFL validation")
+            for msg in self.check_replies(
+                replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]}
+            )
         }
         missing = sorted(set(models) - set(scores))
         if missing:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -161,9 +161,16 @@ class ClusteredStrategy(Strategy):
         ]
 
     def check_replies(
-        self, replies: Iterable[Message], reference: ArrayRecord | None, stage: str
+        self,
+        replies: Iterable[Message],
+        reference: ArrayRecord | None,
+        stage: str,
+        fields: Mapping[str, p.MetricField] | None = None,
     ) -> list[Message]:
         """Keep the replies that can be used; log every one that cannot.
+
+        A reply is used only if every field the caller reads is there with a finite
+        value of the right type and range, so reading a valid reply never raises.
 
         Parameters
         ----------
@@ -174,13 +181,18 @@ class ClusteredStrategy(Strategy):
             when the replies carry no model.
         stage : str
             Name used in the log lines.
+        fields : Mapping[str, MetricField] | None
+            Metrics the caller reads besides ``num-examples``; ``None`` means
+            ``train-loss`` for the training stages and nothing for the others.
         """
+        if fields is None:
+            fields = p.TRAIN_FIELDS if stage in TRAINING_STAGES else {}
         valid: list[Message] = []
         reasons: list[str] = []
         replies = list(replies)
         for msg in replies:
             node = msg.metadata.src_node_id
-            reason = self._reply_problem(msg, reference)
+            reason = self._reply_problem(msg, reference, fields)
             if reason is not None:
                 self.rejected_replies += 1
                 reasons.append(f"node {node}: {reason}")
@@ -215,16 +227,17 @@ class ClusteredStrategy(Strategy):
             )
 
     @staticmethod
-    def _reply_problem(msg: Message, reference: ArrayRecord | None) -> str | None:
+    def _reply_problem(
+        msg: Message, reference: ArrayRecord | None, fields: Mapping[str, p.MetricField]
+    ) -> str | None:
         if msg.has_error():
             return f"client error ({msg.error.reason})"
         metrics = msg.content.metric_records.get(p.METRICS)
-        if metrics is None or p.M_NUM_EXAMPLES not in metrics:
-            return f"no '{p.METRICS}' record with '{p.M_NUM_EXAMPLES}'"
-        if not float(metrics[p.M_NUM_EXAMPLES]) > 0:  # type: ignore[arg-type]
-            return f"'{p.M_NUM_EXAMPLES}' is {metrics[p.M_NUM_EXAMPLES]}, must be > 0"
-        if reference is None:
-            return None
+        if metrics is None:
+            return f"no '{p.METRICS}' record"
+        problem = p.check_metrics(metrics, fields)
+        if problem is not None or reference is None:
+            return problem
         arrays = msg.content.array_records.get(p.ARRAYS)
         if arrays is None:
             return f"no '{p.ARRAYS}' record"
@@ -411,7 +424,7 @@ class ClusteredStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
         """Example-weighted mean of the nodes' accuracy and loss on their test splits."""
-        valid = self.check_replies(replies, None, "aggregate_evaluate")
+        valid = self.check_replies(replies, None, "aggregate_evaluate", p.EVALUATE_FIELDS)
         if not valid:
             return None
         weights = np.array([self.num_examples(m) for m in valid])
@@ -501,7 +514,8 @@ class HardClusteredStrategy(ClusteredStrategy):
     def replies_by_cluster(self, replies: Iterable[Message]) -> dict[int, list[Message]]:
         """The valid train replies, grouped by the cluster whose model each node trained."""
         members: dict[int, list[Message]] = {}
-        for msg in self.check_replies(replies, self._models[0], "aggregate_train"):
+        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
+        for msg in self.check_replies(replies, self._models[0], "aggregate_train", fields):
             node = msg.metadata.src_node_id
             cluster = self.cluster_of(node)
             if cluster is None:

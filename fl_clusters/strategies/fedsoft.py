@@ -160,14 +160,12 @@ class FedSoft(ClusteredStrategy):
                 p.QUERY_SAMPLE_ASSIGNMENT,
             )
         )
-        for msg in self.check_replies(replies, None, "fedsoft importance estimate"):
+        counts_field = {p.M_COUNTS: p.MetricField(length=self.num_clusters, low=0.0)}
+        for msg in self.check_replies(replies, None, "fedsoft importance estimate", counts_field):
             node = msg.metadata.src_node_id
-            counts = msg.content.metric_records[p.METRICS].get("counts")
+            counts = msg.content.metric_records[p.METRICS][p.M_COUNTS]
             try:
-                if counts is None or len(counts) != self.num_clusters:  # type: ignore[arg-type]
-                    raise ValueError(
-                        f"'counts' must hold {self.num_clusters} values, got {counts!r}"
-                    )
+                # A row of zero counts passes the field check and still has no weights.
                 u = importance_weights(np.asarray([counts], dtype=np.float64), self.sigma)[0]
             except ValueError as err:
                 self.rejected_replies += 1

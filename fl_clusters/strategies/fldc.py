@@ -149,11 +149,13 @@ class FLDC(ClusteredStrategy):
         valid = self.check_replies(replies, self._current, "aggregate_train")
         if self.clustering is None:
             if len(valid) < self.min_pts:
-                raise ValueError(
-                    f"only {len(valid)} valid round-0 models for DBSCAN with min_pts="
-                    f"{self.min_pts}; lower 'fldc-min-pts' or fix the failing nodes"
-                )
-            valid = self._cluster(valid)
+                # Too few models to find dense regions this round: average what came
+                # and ask every node again next round instead of ending the run.
+                log(WARNING, "round %d: only %d valid models for DBSCAN with min_pts=%d; "
+                    "clustering again next round (lower 'fldc-min-pts' or fix the failing "
+                    "nodes if this persists)", server_round, len(valid), self.min_pts)
+            else:
+                valid = self._cluster(valid)
         if not valid:
             return None, None
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]

@@ -200,7 +200,8 @@ class IFCA(ClusteredStrategy):
                     p.QUERY_CLUSTER_LOSSES,
                 )
             )
-            valid = self.check_replies(replies, None, f"ifca restart {r}")
+            losses = {p.M_CLUSTER_LOSSES: p.MetricField(length=self.num_clusters)}
+            valid = self.check_replies(replies, None, f"ifca restart {r}", losses)
             if not valid:
                 # Every sampled client failed: the other candidates would fail the
                 # same way, so asking again only multiplies the failures.
@@ -208,7 +209,7 @@ class IFCA(ClusteredStrategy):
                     "restarts and keeping the best candidate so far", r)
                 return best
             choices = [
-                int(np.argmin(m.content.metric_records[p.METRICS]["cluster-losses"]))  # type: ignore[arg-type]
+                int(np.argmin(m.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES]))  # type: ignore[arg-type]
                 for m in valid
             ]
             counts = np.bincount(choices, minlength=self.num_clusters) if choices else np.zeros(1)
@@ -240,6 +241,12 @@ class IFCA(ClusteredStrategy):
         node_config[p.CFG_STEPS] = self.init_steps
         record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
+        if len(nodes) < self.num_clusters:
+            raise ValueError(
+                f"IFCA warm start: {len(nodes)} sampled nodes for {self.num_clusters} "
+                f"clusters; k-means needs one local model per cluster. Sample more nodes "
+                f"(fraction-train), add nodes, or use ifca-init='random'"
+            )
         log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model for "
             "%d local steps", len(nodes), self.init_steps)
         return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
@@ -259,18 +266,29 @@ class IFCA(ClusteredStrategy):
             # base class stops the run after max_failed_rounds such rounds).
             return None, None
         if len(valid) < self.num_clusters:
-            raise ValueError(
-                f"IFCA warm start: {len(valid)} valid local models for {self.num_clusters} "
-                f"clusters; k-means needs at least one per cluster. Sample more nodes "
-                f"(fraction-train), fix the failing nodes, or use ifca-init='random'"
-            )
+            # A round that lost most replies must not end the run: try again next round.
+            log(WARNING, "round %d: IFCA warm start: %d valid local models for %d clusters; "
+                "k-means needs one per cluster, so the warm start is repeated next round. If "
+                "this persists, sample more nodes (fraction-train), fix the failing nodes, or "
+                "use ifca-init='random'", server_round, len(valid), self.num_clusters)
+            return None, None
         groups = group_by_kmeans(self._init_features(valid, model), self.num_clusters, self.seed)
         heads = head_keys(model, self.head_layers) if self.head_layers else list(model)
         body = [name for name in model if name not in heads]
         members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
                    for j in range(self.num_clusters)]
         new_heads = [self._step(p.split_shared(model, heads)[1], group, heads, len(valid))
-                     for group in members]
+                     if group else None for group in members]
+        if any(head is None for head in new_heads):
+            # Fewer distinct local models than clusters (e.g. identical updates): a
+            # cluster without a group starts from a random draw, as in the paper's
+            # start, rather than as a copy of another cluster that would never win.
+            log(WARNING, "round %d: IFCA warm start: k-means left clusters %s empty; they "
+                "start from a random draw", server_round,
+                [j for j, head in enumerate(new_heads) if head is None])
+            drawn = p.unpack_clusters(self._draw(model, self.seed))
+            new_heads = [p.split_shared(drawn[j], heads)[1] if head is None else head
+                         for j, head in enumerate(new_heads)]
         shared = self._step(p.split_shared(model, heads)[0], valid, body, len(valid)) if body \
             else None
         self.init_groups = {
@@ -343,7 +361,8 @@ class IFCA(ClusteredStrategy):
         valid = []
         # A client offered a single model reports no cluster-id: it can only be 0.
         missing = 0 if self.num_clusters == 1 else -1
-        for msg in self.check_replies(replies, models[0], "aggregate_train"):
+        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
+        for msg in self.check_replies(replies, models[0], "aggregate_train", fields):
             cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, missing))  # type: ignore[arg-type]
             if not 0 <= cluster < self.num_clusters:
                 self.rejected_replies += 1
