@@ -30,6 +30,7 @@ from fl_clusters.client_app import (
     _cluster_losses,
     _config,
     _features,
+    _identity,
     _mcfl_choice,
     _report,
     _sample_assignment,
@@ -391,3 +392,5 @@ class ClusteredClient:
         @app.query("features")
         def features(message: Message, context: Context) -> Message:
             return _features(self.learner(context), message, context)
+
+        app.query("identity")(_identity)

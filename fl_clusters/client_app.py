@@ -8,6 +8,7 @@ builds a learner from the ``Context``. docs/protocol.md describes the messages.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from functools import cache, lru_cache
 from typing import Any
@@ -96,6 +97,25 @@ def _mcfl_choice(
     return int(clusters[nearest[0]])
 
 
+def node_key(context: Context) -> int:
+    """This node's stable key: its ``partition-id``, else a CRC32 of its node config.
+
+    Simulated node ids are random per run; seeding and ordering by this key makes
+    the same run config give the same result (nodes with identical node configs
+    and no partition-id share a key and fall back on their ids).
+    """
+    if "partition-id" in context.node_config:
+        return int(context.node_config["partition-id"])
+    text = ";".join(f"{k}={v}" for k, v in sorted(context.node_config.items()))
+    return zlib.crc32(text.encode())
+
+
+def _identity(message: Message, context: Context) -> Message:
+    """Start-up handshake: the key the server orders and samples nodes by."""
+    metrics = MetricRecord({p.M_NODE_KEY: node_key(context)})
+    return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
+
+
 def _local_model(context: Context) -> ArrayRecord | None:
     return context.state.array_records.get(LOCAL_MODEL)
 
@@ -142,7 +162,7 @@ def _train(learner: TorchLearner, message: Message, context: Context) -> Message
             epochs=int(config.get(p.CFG_EPOCHS, 1)),
             steps=int(config.get(p.CFG_STEPS, 0)),
             proximal_centers=centers,
-            seed=int(config.get(p.CFG_ROUND, 0)) * 100_003 + context.node_id % 100_003,
+            seed=int(config.get(p.CFG_ROUND, 0)) * 100_003 + node_key(context) % 100_003,
         )
         if persistent:
             context.state[LOCAL_MODEL] = arrays
@@ -261,7 +281,7 @@ def _cluster_losses(learner: TorchLearner, message: Message) -> Message:
 def _features(learner: TorchLearner, message: Message, context: Context) -> Message:
     """MCFL: the mean of n sampled training inputs."""
     n = int(_config(message).get(p.CFG_NUM_SAMPLES, 32))
-    mean = learner.feature_mean("train", n, seed=context.node_id % 2**31)
+    mean = learner.feature_mean("train", n, seed=node_key(context) % 2**31)
     metrics = MetricRecord(
         {p.M_FEATURE_MEAN: mean.tolist(), p.M_NUM_EXAMPLES: learner.num_examples()}
     )
@@ -313,6 +333,7 @@ def register_handlers(
     def features(message: Message, context: Context) -> Message:
         return _features(learner_fn(context), message, context)
 
+    app.query("identity")(_identity)
     return app
 
 

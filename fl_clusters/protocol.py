@@ -33,6 +33,7 @@ QUERY_REPORT = "query.report"
 QUERY_SAMPLE_ASSIGNMENT = "query.sample_assignment"
 QUERY_FEATURES = "query.features"
 QUERY_CLUSTER_LOSSES = "query.cluster_losses"
+QUERY_IDENTITY = "query.identity"  # start-up handshake: the node's stable key
 
 # Config keys sent by the server.
 CFG_ROUND = "server-round"
@@ -59,6 +60,7 @@ M_ACCURACY = "accuracy"
 M_FEATURE_MEAN = "feature-mean"  # MCFL: mean of n sampled training inputs
 M_CLUSTER_LOSSES = "cluster-losses"  # mean training loss of every cluster model
 M_COUNTS = "counts"  # FedSoft: training samples each cluster model fits best
+M_NODE_KEY = "node-key"  # identity: partition-id, else a hash of the node config
 
 
 @dataclass(frozen=True)
@@ -99,17 +101,18 @@ def check_metrics(metrics: MetricRecord, fields: Mapping[str, MetricField]) -> s
     ``fields`` names the others the caller reads. Values must be finite: one NaN or
     Inf would poison every average and ``int()`` of a cluster id raises on it.
     """
-    problem = _field_problem(metrics, M_NUM_EXAMPLES, MetricField(low=0.0))
+    problem = field_problem(metrics, M_NUM_EXAMPLES, MetricField(low=0.0))
     if problem is None and not float(metrics[M_NUM_EXAMPLES]) > 0:  # type: ignore[arg-type]
         problem = f"'{M_NUM_EXAMPLES}' is {metrics[M_NUM_EXAMPLES]}, must be > 0"
     for name, field in fields.items():
         if problem is not None:
             break
-        problem = _field_problem(metrics, name, field)
+        problem = field_problem(metrics, name, field)
     return problem
 
 
-def _field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str | None:
+def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str | None:
+    """Return why ``metrics[name]`` is not what ``field`` describes, or ``None``."""
     if name not in metrics:
         return f"no '{name}' metric" if field.required else None
     value = metrics[name]

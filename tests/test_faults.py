@@ -36,7 +36,7 @@ def test_mcfl_feature_query_waits_at_most_the_round_timeout(server_identity: Non
     strategy = IFCA(num_clusters=2, restarts=1, mcfl=True)
     arrays = ArrayRecord([np.zeros(2, dtype=np.float32)])
     strategy.start(grid, arrays, num_rounds=0, timeout=7.0)  # type: ignore[arg-type]
-    assert grid.timeouts == [7.0]
+    assert grid.timeouts == [7.0, 7.0]  # the identity handshake, then the features
     assert sorted(strategy.node_features) == [1, 2]
 
 

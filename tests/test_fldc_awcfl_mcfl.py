@@ -47,6 +47,12 @@ class StubGrid:
     def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
         replies = []
         for msg in messages:
+            if msg.metadata.message_type == p.QUERY_IDENTITY:
+                # Keys in the reverse order of the ids: ordering must follow the keys.
+                key = 1000 - msg.metadata.dst_node_id
+                replies.append(Message(RecordDict({p.METRICS: MetricRecord(
+                    {p.M_NODE_KEY: key})}), reply_to=msg))
+                continue
             assert msg.metadata.message_type == p.QUERY_FEATURES
             metrics = MetricRecord(
                 {

@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fl_clusters import protocol as p
+from fl_clusters.client_app import node_key
 from fl_clusters.metrics import MeteredGrid
 from fl_clusters.server_app import collect_report, node_fields, report_fields
 from fl_clusters.strategies import ACFL, CFL, FLDC, IFCA, FedSoft, LocalOnly
@@ -236,3 +237,43 @@ def test_the_metered_grid_counts_messages_without_a_reply(server_identity: None)
     assert len(list(grid.send_and_receive(messages, timeout=1.0))) == 1
     assert grid.unanswered == 1
     assert sorted(grid.get_node_ids()) == [1, 2] and grid.nodes_seen == {1, 2}
+
+
+# ------------------------------------------------------ stable order (determinism)
+def test_sampling_and_reply_order_follow_the_handshake_keys(server_identity: None) -> None:  # noqa: F811
+    # StubGrid's key for node n is 1000 - n: the reverse of the id order.
+    strategy = IFCA(2, init="random", min_available_nodes=3, fraction_train=1.0)
+    strategy.start(StubGrid([5, 7, 9]), _model(), num_rounds=0)  # type: ignore[arg-type]
+    assert strategy.node_keys == {5: 995, 7: 993, 9: 991}
+    assert strategy.sample(StubGrid([5, 7, 9]), 1.0) == [9, 7, 5]
+    requests = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.EVALUATE)
+                for n in (5, 9, 7)]
+    replies = [Message(RecordDict({p.METRICS: MetricRecord(
+        {p.M_NUM_EXAMPLES: 3, p.M_ACCURACY: 0.5, p.M_LOSS: 1.0})}), reply_to=m) for m in requests]
+    valid = strategy.check_replies(replies, None, "aggregate_evaluate", p.EVALUATE_FIELDS)
+    assert [m.metadata.src_node_id for m in valid] == [9, 7, 5]
+
+
+def test_a_node_without_a_key_is_ordered_after_the_keyed_ones(server_identity: None) -> None:  # noqa: F811
+    class NoIdentity(StubGrid):
+        def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:  # type: ignore[override]
+            messages = list(messages)
+            answered = super().send_and_receive([m for m in messages
+                                                 if m.metadata.dst_node_id != 3])
+            return answered + [Message(Error(code=0, reason="no handler"), reply_to=m)
+                               for m in messages if m.metadata.dst_node_id == 3]
+
+    strategy = IFCA(2, init="random", min_available_nodes=3)
+    strategy.start(NoIdentity([1, 2, 3]), _model(), num_rounds=0)  # type: ignore[arg-type]
+    assert strategy.node_keys[3] is None
+    assert sorted([1, 2, 3], key=strategy.node_order) == [2, 1, 3]
+
+
+def test_the_client_key_is_the_partition_id_else_a_stable_hash() -> None:
+    def context(node_config: dict) -> Context:
+        return Context(run_id=1, node_id=12345, node_config=node_config, state=RecordDict(),
+                       run_config={})
+
+    assert node_key(context({"partition-id": 4, "num-partitions": 8})) == 4
+    assert node_key(context({"site": "a"})) == node_key(context({"site": "a"}))
+    assert node_key(context({"site": "a"})) != node_key(context({"site": "b"}))

@@ -183,7 +183,7 @@ class ACFL(HardClusteredStrategy):
         packed, metrics = self.aggregate_clusters(self._models, members)
         if self.clustering_round is None:
             # Node order, not reply order, so that the seeded start client is reproducible.
-            trained = sorted(members[0], key=lambda m: m.metadata.src_node_id)
+            trained = sorted(members[0], key=lambda m: self.node_order(m.metadata.src_node_id))
             updates = self.updates(trained, self._models[0])
             mean_norm, max_norm = update_norms(updates)
             self._last_nodes = [m.metadata.src_node_id for m in trained]

@@ -132,6 +132,11 @@ class ClusteredStrategy(Strategy):
         self.round_timeout = 3600.0
         self.rng = np.random.default_rng(seed)
         self.assignments: dict[int, int] = {}
+        # Node id -> stable key from the start-up handshake (None: the node gave none).
+        # Simulated node ids are random per run; ordering by these keys is what makes
+        # sampling and aggregation order, hence results, repeat with the same seed.
+        self.node_keys: dict[int, int | None] = {}
+        self._handshake = False
         self.node_features: dict[int, np.ndarray] = {}
         self.rejected_replies = 0
 
@@ -140,15 +145,55 @@ class ClusteredStrategy(Strategy):
         """Cluster of ``node_id`` decided by the server, or ``None`` if the node decides."""
         return self.assignments.get(node_id)
 
+    def node_order(self, node: int) -> tuple[int, int, int]:
+        """Sort key of a node: its handshake key, then (for nodes without one) its id."""
+        key = self.node_keys.get(node)
+        return (0, key, node) if key is not None else (1, 0, node)
+
+    def learn_node_keys(self, grid: Grid, nodes: Iterable[int]) -> None:
+        """Ask the nodes not seen before for their stable key (``query.identity``).
+
+        A node whose app has no identity handler, or that answers with no whole
+        ``node-key`` >= 0, is logged once and ordered after the keyed nodes by id.
+        """
+        missing = sorted(set(nodes) - set(self.node_keys))
+        if not missing:
+            return
+        replies = self.send(grid, self.build_messages(
+            {node: RecordDict({p.CONFIG: ConfigRecord()}) for node in missing}, p.QUERY_IDENTITY
+        ))
+        field = p.MetricField(integer=True, low=0.0)
+        for msg in replies:
+            node = msg.metadata.src_node_id
+            metrics = None if msg.has_error() else msg.content.metric_records.get(p.METRICS)
+            problem = (
+                f"client error ({msg.error.reason})" if msg.has_error()
+                else f"no '{p.METRICS}' record" if metrics is None
+                else p.field_problem(metrics, p.M_NODE_KEY, field)
+            )
+            if problem is None:
+                self.node_keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
+            else:
+                log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
+                    "random node id, so runs with it may not repeat", node, problem)
+        for node in missing:
+            self.node_keys.setdefault(node, None)
+
     def sample(self, grid: Grid, fraction: float) -> list[int]:
-        """Sample ``fraction`` of the connected nodes (at least one), reproducibly."""
+        """Sample ``fraction`` of the connected nodes (at least one), reproducibly.
+
+        Positions are drawn among the nodes sorted by :meth:`node_order`, so the
+        same seed samples the same partitions in every run.
+        """
         _, all_nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        if self._handshake:
+            self.learn_node_keys(grid, all_nodes)
         size = max(1, round(len(all_nodes) * fraction))
-        nodes = sorted(all_nodes)
+        nodes = sorted(all_nodes, key=self.node_order)
         # Draw positions, not ids: node ids are uint64 and numpy would turn a list
         # of them into float64, rounding them into ids that do not exist.
         chosen = self.rng.choice(len(nodes), size=min(size, len(nodes)), replace=False)
-        return sorted(nodes[int(i)] for i in chosen)
+        return sorted((nodes[int(i)] for i in chosen), key=self.node_order)
 
     @staticmethod
     def build_messages(
@@ -200,6 +245,8 @@ class ClusteredStrategy(Strategy):
                 continue
             valid.append(msg)
         log(INFO, "%s: %d valid replies, %d rejected", stage, len(valid), len(replies) - len(valid))
+        # Replies arrive in any order; a fixed order makes every sum (and result) repeat.
+        valid.sort(key=lambda m: self.node_order(m.metadata.src_node_id))
         if stage in TRAINING_STAGES:
             self._count_failed_round(stage, valid, reasons)
         return valid
@@ -305,7 +352,10 @@ class ClusteredStrategy(Strategy):
         evaluate_fn: EvaluateFn | None = None,
         **kwargs: Any,
     ) -> Result:
-        """Run ``Strategy.start``; with MCFL, collect every node's feature mean first.
+        """Run ``Strategy.start`` after a start-up handshake (and MCFL's features).
+
+        The handshake learns every node's stable key (:meth:`learn_node_keys`);
+        nodes that join later are asked when they are first sampled.
 
         A centralized ``evaluate_fn`` written for FedAvg (one model in, one
         MetricRecord out) is called once per cluster model, see
@@ -314,8 +364,10 @@ class ClusteredStrategy(Strategy):
         query forever.
         """
         self.round_timeout = float(kwargs.get("timeout", self.round_timeout))
+        self._handshake = True
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        self.learn_node_keys(grid, nodes)
         if self.mcfl:
-            _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
             self.collect_features(grid, nodes)
         if evaluate_fn is not None:
             evaluate_fn = per_cluster_evaluate(evaluate_fn)

@@ -297,7 +297,7 @@ class FedSoft(ClusteredStrategy):
         """Group the nodes' first updates with k-means; cluster s <- mean of group s."""
         valid = sorted(
             self.check_replies(replies, self._current, "fedsoft warm start"),
-            key=lambda m: m.metadata.src_node_id,
+            key=lambda m: self.node_order(m.metadata.src_node_id),
         )
         if len(valid) < self.num_clusters:
             raise ValueError(

@@ -259,7 +259,7 @@ class IFCA(ClusteredStrategy):
         model = self._current
         valid = sorted(
             self.check_replies(replies, model, "ifca warm start"),
-            key=lambda m: m.metadata.src_node_id,
+            key=lambda m: self.node_order(m.metadata.src_node_id),
         )
         if not valid:
             # Nothing to group: the next round tries the warm start again (the
