@@ -67,8 +67,10 @@ def test_absolute_cut_depends_on_the_scale() -> None:
     assert hierarchy.fit(points / 100).num_clusters_ == 1
 
 
-@pytest.mark.parametrize(("linkage", "metric"), [("average", "cosine"),
-                                                 ("complete", "manhattan"), ("single", "euclidean")])
+@pytest.mark.parametrize(
+    ("linkage", "metric"),
+    [("average", "cosine"), ("complete", "manhattan"), ("single", "euclidean")],
+)
 def test_other_linkages_and_metrics_find_the_groups(linkage: str, metric: str) -> None:
     points, truth = _groups(3, 6, 40, spread=0.15, scale=1.0, seed=2)
     labels = UpdateHierarchy(linkage, metric).fit_predict(points)
