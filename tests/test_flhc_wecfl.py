@@ -200,7 +200,7 @@ def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) 
     truth = [groups[n] for n in range(1, 9)]
     assert adjusted_rand_score(truth, [flhc.assignments[n] for n in range(1, 9)]) == 1.0
     assert flhc.assignment_for(9) is None  # it missed the clustering round
-    # Later rounds: opposite directions do not re-cluster; node 9 gets every model.
+    # Later rounds never cluster again; node 9, never clustered, gets every model.
     requests, packed = _round(flhc, 3, packed, grid, dict.fromkeys(nodes, 5))
     by_node = {r.metadata.dst_node_id: r.content.array_records for r in requests}
     assert p.CLUSTERS in by_node[9] and p.ARRAYS in by_node[1]
