@@ -29,6 +29,7 @@ GATES = ("relative", "absolute")
 FEDSOFT_INITS = ("random", "local-kmeans")
 FLHC_LINKAGES = ("ward", "average", "complete", "single")
 FLHC_METRICS = ("euclidean", "manhattan", "cosine")
+FLHC_THRESHOLDS = ("gap", "relative", "absolute")
 
 
 @dataclass(frozen=True)
@@ -260,8 +261,12 @@ KEYS: tuple[ConfigKey, ...] = (
         help="FL+HC distance between updates (ward needs euclidean)",
     ),
     ConfigKey(
-        "flhc-threshold", "relative", choices=GATES,
-        help="FL+HC cut: ratio x median nearest-update distance, or absolute distance",
+        "flhc-threshold", "gap", choices=FLHC_THRESHOLDS,
+        help="FL+HC cut: largest jump of merge heights, ratio x nearest distance, or absolute",
+    ),
+    ConfigKey(
+        "flhc-min-gap", 1.6, minimum=1.0, exclusive_minimum=True,
+        help="FL+HC gap cut: smallest jump between merge heights that separates clusters",
     ),
     ConfigKey(
         "flhc-distance-ratio", 2.5, minimum=0.0, exclusive_minimum=True,

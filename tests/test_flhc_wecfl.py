@@ -44,18 +44,41 @@ def _groups(num_groups: int, per_group: int, dim: int, spread: float, scale: flo
 
 
 # ---------------------------------------------------------------- math: FL+HC
+@pytest.mark.parametrize("threshold", ["gap", "relative"])
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
-def test_relative_cut_finds_the_groups_at_any_scale(scale: float) -> None:
+def test_scale_free_cuts_find_the_groups_at_any_scale(threshold: str, scale: float) -> None:
     points, truth = _groups(4, 5, 50, spread=0.2, scale=scale)
-    hierarchy = UpdateHierarchy().fit(points)
+    hierarchy = UpdateHierarchy(threshold=threshold).fit(points)
     assert adjusted_rand_score(truth, hierarchy.labels_) == 1.0
     assert hierarchy.num_clusters_ == 4
-    assert hierarchy.threshold_ == pytest.approx(2.5 * hierarchy.nearest_distance_)
+    if threshold == "relative":
+        assert hierarchy.threshold_ == pytest.approx(2.5 * hierarchy.nearest_distance_)
+    else:
+        assert hierarchy.max_gap_ >= 1.6
 
 
-def test_relative_cut_keeps_one_distribution_together() -> None:
+@pytest.mark.parametrize("threshold", ["gap", "relative"])
+def test_scale_free_cuts_keep_one_distribution_together(threshold: str) -> None:
     points = np.random.default_rng(1).normal(size=(20, 200))
-    assert UpdateHierarchy().fit(points).num_clusters_ == 1
+    hierarchy = UpdateHierarchy(threshold=threshold).fit(points)
+    assert hierarchy.num_clusters_ == 1
+    assert hierarchy.labels_.tolist() == [0] * 20
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gap_cut_splits_small_noisy_groups_that_the_relative_cut_merges(seed: int) -> None:
+    """Two groups of 3 whose members lie 2/3 as far apart as the groups do.
+
+    The plug-in example's CNN updates look like this (distances ~4 within its
+    two groups of 3 clients, ~6.2 across): 2.5 x the nearest distance lies above
+    the last merge, while the jump to that merge is ~2x.
+    """
+    rng = np.random.default_rng(seed)
+    truth = np.repeat([0, 1], 3)
+    points = 0.55 * rng.normal(size=(2, 500))[truth] + 0.5 * rng.normal(size=(6, 500))
+    assert UpdateHierarchy(threshold="relative").fit(points).num_clusters_ == 1
+    gap = UpdateHierarchy().fit(points)
+    assert adjusted_rand_score(truth, gap.labels_) == 1.0
 
 
 def test_absolute_cut_depends_on_the_scale() -> None:
@@ -86,8 +109,11 @@ def test_labels_are_numbered_in_order_of_first_appearance() -> None:
 
 def test_edge_cases_of_the_hierarchy() -> None:
     assert UpdateHierarchy().fit(np.ones((1, 5))).labels_.tolist() == [0]
-    twins = np.repeat(np.eye(3), 2, axis=0)  # median nearest distance 0: twins merge only
+    assert UpdateHierarchy().fit(np.eye(2)).num_clusters_ == 1  # no jump to judge
+    twins = np.repeat(np.eye(3), 2, axis=0)  # identical pairs: only they merge
     assert UpdateHierarchy().fit_predict(twins).tolist() == [0, 0, 1, 1, 2, 2]
+    relative = UpdateHierarchy(threshold="relative")  # median nearest distance 0
+    assert relative.fit_predict(twins).tolist() == [0, 0, 1, 1, 2, 2]
     assert median_nearest_distance(np.array([[0.0, 0.0], [3.0, 4.0], [3.0, 5.0]])) == 1.0
 
 
@@ -98,6 +124,7 @@ def test_edge_cases_of_the_hierarchy() -> None:
         (lambda: UpdateHierarchy(metric="l3"), "metric='l3'"),
         (lambda: UpdateHierarchy("ward", "cosine"), "ward' needs metric='euclidean'"),
         (lambda: UpdateHierarchy(threshold="knee"), "threshold='knee'"),
+        (lambda: UpdateHierarchy(min_gap=1.0), "min_gap=1.0"),
         (lambda: UpdateHierarchy(distance_ratio=0.0), "distance_ratio=0.0"),
         (lambda: UpdateHierarchy(distance_threshold=-1.0), "distance_threshold=-1.0"),
         (lambda: UpdateHierarchy().fit(np.full((3, 2), np.nan)), "finite"),
@@ -208,7 +235,7 @@ def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) 
     assert flhc.assignment_for(9) == 0  # placed by its reported (lowest-loss) choice
     fields = flhc.summary_fields()
     assert fields["clustering_round"] == 2 and fields["num_clusters_found"] == 3
-    assert fields["distance_threshold"] == pytest.approx(2.5 * fields["median_nearest_distance"])
+    assert fields["max_merge_gap"] >= 1.6 and fields["distance_threshold"] > 0
 
 
 def test_wecfl_keeps_cluster_numbers_and_unsampled_members(server_identity) -> None:
@@ -238,13 +265,15 @@ def test_run_config_builds_flhc_and_wecfl_with_their_keys() -> None:
     flhc = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(flhc, FLHC) and flhc.warmup_rounds == 2
     h = flhc.hierarchy
-    assert (h.linkage, h.metric, h.threshold, h.distance_threshold) == (
-        "average", "cosine", "absolute", 0.4)
+    assert (h.linkage, h.metric, h.threshold, h.distance_threshold, h.min_gap) == (
+        "average", "cosine", "absolute", 0.4, 1.6)
     settings = parse_run_config({"strategy": "wecfl", "num-clusters": 3, "wecfl-n-init": 4})
     wecfl = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(wecfl, WeCFL) and (wecfl.num_clusters, wecfl.n_init) == (3, 4)
     with pytest.raises(ValueError, match="flhc-distance-ratio"):
         parse_run_config({"flhc-distance-ratio": 0.0})
+    with pytest.raises(ValueError, match="flhc-min-gap"):
+        parse_run_config({"flhc-min-gap": 1.0})
     with pytest.raises(ValueError, match="flhc-linkage"):
         parse_run_config({"flhc-linkage": "centroid"})
 

@@ -10,7 +10,7 @@ from fl_clusters.clustering.similarity import _finite_matrix
 
 LINKAGES = ("ward", "average", "complete", "single")
 DISTANCES = ("euclidean", "manhattan", "cosine")
-THRESHOLDS = ("relative", "absolute")
+THRESHOLDS = ("gap", "relative", "absolute")
 
 
 def median_nearest_distance(points: np.ndarray, metric: str = "euclidean") -> float:
@@ -49,9 +49,11 @@ class UpdateHierarchy:
     The number of clusters is not given: merging stops at ``threshold_``, as in
     Briggs et al. (2020). An absolute threshold only fits the model and local
     training it was tuned on (update norms scale with both), so by default the
-    threshold is relative: ``distance_ratio`` times the median distance from
-    each update to its nearest other update (:func:`median_nearest_distance`),
-    the spread of updates of one distribution.
+    cut is read off the tree itself: merges inside a group happen at similar
+    heights, and the first merge across groups is much higher. The default cut
+    lies in the largest jump between consecutive merge heights, when that jump
+    is at least ``min_gap`` times; otherwise every update joins one cluster.
+    Ratios of heights do not depend on the units of the updates.
 
     Parameters
     ----------
@@ -59,15 +61,19 @@ class UpdateHierarchy:
         One of :data:`LINKAGES`; ``"ward"`` needs ``metric="euclidean"``.
     metric : str (default: "euclidean")
         One of :data:`DISTANCES`.
-    threshold : str (default: "relative")
-        ``"relative"``: the cut is ``distance_ratio`` x the median nearest-neighbour
-        distance. ``"absolute"``: the cut is ``distance_threshold`` (the paper's).
+    threshold : str (default: "gap")
+        ``"gap"``: cut at the geometric mean of the two merge heights around the
+        largest ratio between consecutive heights, if that ratio is >=
+        ``min_gap``, else one cluster (fewer than 3 points: one cluster).
+        ``"relative"``: cut at ``distance_ratio`` x the median nearest-neighbour
+        distance. ``"absolute"``: cut at ``distance_threshold`` (the paper's form).
+    min_gap : float (default: 1.6)
+        Smallest jump between consecutive merge heights that separates clusters,
+        > 1. Measured on 20 clients (ward, docs/clustering-defaults.md): groups
+        gave jumps of 1.71 to 6.07, one distribution 1.09 to 1.28 (MLPs) and up
+        to 1.45 (a CNN that had not learned yet).
     distance_ratio : float (default: 2.5)
-        Relative cut, > 0. Measured on 20 clients of digits (MLP) and
-        Fashion-MNIST (MLP, CNN) with rotation or label-permutation groups, the
-        groups were recovered exactly for ratios in [2.0, 2.95] (Euclidean, ward,
-        after 3 FedAvg rounds), and clients of one distribution stayed in one
-        cluster for ratios >= 2.15 (docs/clustering-defaults.md).
+        Relative cut, > 0.
     distance_threshold : float (default: 0.9)
         Absolute cut, > 0, in the units of ``metric``.
 
@@ -78,7 +84,10 @@ class UpdateHierarchy:
     num_clusters_ : int
         Number of clusters found.
     threshold_ : float
-        The distance at which merging stopped.
+        The distance at which merging stopped; inf when everything merged
+        because no jump reached ``min_gap``.
+    max_gap_ : float
+        Largest ratio between consecutive merge heights (NaN below 3 points).
     nearest_distance_ : float
         Median nearest-neighbour distance (NaN for a single point).
     """
@@ -87,7 +96,8 @@ class UpdateHierarchy:
         self,
         linkage: str = "ward",
         metric: str = "euclidean",
-        threshold: str = "relative",
+        threshold: str = "gap",
+        min_gap: float = 1.6,
         distance_ratio: float = 2.5,
         distance_threshold: float = 0.9,
     ) -> None:
@@ -104,6 +114,8 @@ class UpdateHierarchy:
             raise ValueError(
                 f"threshold={threshold!r} is unknown; allowed: {', '.join(THRESHOLDS)}"
             )
+        if not min_gap > 1.0:
+            raise ValueError(f"min_gap={min_gap} is outside (1, inf)")
         if not distance_ratio > 0.0:
             raise ValueError(f"distance_ratio={distance_ratio} is outside (0, inf)")
         if not distance_threshold > 0.0:
@@ -111,6 +123,7 @@ class UpdateHierarchy:
         self.linkage = linkage
         self.metric = metric
         self.threshold = threshold
+        self.min_gap = min_gap
         self.distance_ratio = distance_ratio
         self.distance_threshold = distance_threshold
 
@@ -125,17 +138,22 @@ class UpdateHierarchy:
         matrix = _finite_matrix("points", points).astype(np.float64)
         if matrix.shape[0] == 0:
             raise ValueError("points must hold at least 1 row, got 0")
+        self.max_gap_ = float("nan")
         if matrix.shape[0] == 1:
-            self._set(np.zeros(1, dtype=np.int64), float("nan"), self.distance_threshold)
+            self._set(np.zeros(1, dtype=np.int64), float("nan"), float("inf"))
             return self
         if self.metric == "cosine" and np.any(np.linalg.norm(matrix, axis=1) == 0.0):
             raise ValueError("points holds a zero row: its cosine distance is undefined")
         nearest = median_nearest_distance(matrix, self.metric)
-        cut = (
-            self.distance_ratio * nearest if self.threshold == "relative"
-            else self.distance_threshold
-        )
-        if cut == 0.0:
+        if self.threshold == "gap":
+            cut = self._gap_cut(matrix)
+        elif self.threshold == "relative":
+            cut = self.distance_ratio * nearest
+        else:
+            cut = self.distance_threshold
+        if cut == float("inf"):
+            labels = np.zeros(matrix.shape[0], dtype=np.int64)
+        elif cut == 0.0:
             # Most updates have an identical twin: only identical updates merge.
             labels = np.unique(matrix, axis=0, return_inverse=True)[1].ravel()
         else:
@@ -144,6 +162,24 @@ class UpdateHierarchy:
             ).fit_predict(matrix)
         self._set(labels, nearest, cut)
         return self
+
+    def _gap_cut(self, matrix: np.ndarray) -> float:
+        """The cut inside the largest jump of merge heights, or inf when none is large enough."""
+        if matrix.shape[0] < 3:
+            return float("inf")
+        tree = AgglomerativeClustering(
+            n_clusters=1, linkage=self.linkage, metric=self.metric, compute_distances=True
+        ).fit(matrix)
+        heights = np.sort(tree.distances_)
+        low, high = heights[:-1], heights[1:]
+        # A jump from height 0 (identical updates) to any distance is infinite.
+        jumps = np.divide(high, low, out=np.full_like(high, np.inf), where=low > 0)
+        jumps[(low == 0) & (high == 0)] = 1.0
+        i = int(np.argmax(jumps))
+        self.max_gap_ = float(jumps[i])
+        if jumps[i] < self.min_gap:
+            return float("inf")
+        return float(np.sqrt(low[i] * high[i])) if low[i] > 0 else float(high[i] / 2)
 
     def fit_predict(self, points: np.ndarray) -> np.ndarray:
         """Cluster ``points`` and return ``labels_``."""

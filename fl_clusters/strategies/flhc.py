@@ -15,6 +15,10 @@ from fl_clusters.clustering import UpdateHierarchy
 from fl_clusters.strategies.base import HardClusteredStrategy
 
 
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
 class FLHC(HardClusteredStrategy):
     """FL+HC: a FedAvg warm-up, one agglomerative clustering of updates, then FedAvg per cluster.
 
@@ -39,10 +43,15 @@ class FLHC(HardClusteredStrategy):
         ``"ward"``, ``"average"``, ``"complete"`` or ``"single"``.
     metric : str (default: "euclidean")
         ``"euclidean"``, ``"manhattan"`` or ``"cosine"`` (ward needs euclidean).
-    threshold : str (default: "relative")
+    threshold : str (default: "gap")
+        ``"gap"``: cut inside the largest jump between consecutive merge heights
+        of the tree, if the higher is at least ``min_gap`` times the lower, else
+        one cluster; ratios of heights hold for any model and local training.
         ``"relative"``: cut at ``distance_ratio`` x the median distance from each
-        update to its nearest other update, which holds for any model and local
-        training. ``"absolute"``: cut at ``distance_threshold`` (the paper's form).
+        update to its nearest other update. ``"absolute"``: cut at
+        ``distance_threshold`` (the paper's form).
+    min_gap : float (default: 1.6)
+        Gap cut: the smallest jump that separates clusters, > 1.
     distance_ratio : float (default: 2.5)
         Relative cut, > 0.
     distance_threshold : float (default: 0.9)
@@ -61,7 +70,8 @@ class FLHC(HardClusteredStrategy):
         warmup_rounds: int = 3,
         linkage: str = "ward",
         metric: str = "euclidean",
-        threshold: str = "relative",
+        threshold: str = "gap",
+        min_gap: float = 1.6,
         distance_ratio: float = 2.5,
         distance_threshold: float = 0.9,
         fraction_train: float = 1.0,
@@ -90,12 +100,12 @@ class FLHC(HardClusteredStrategy):
             )
         try:
             self.hierarchy = UpdateHierarchy(
-                linkage, metric, threshold, distance_ratio, distance_threshold
+                linkage, metric, threshold, min_gap, distance_ratio, distance_threshold
             )
         except ValueError as error:
             raise ValueError(
                 f"{error} (run-config keys 'flhc-linkage', 'flhc-metric', 'flhc-threshold', "
-                "'flhc-distance-ratio', 'flhc-distance-threshold')"
+                "'flhc-min-gap', 'flhc-distance-ratio', 'flhc-distance-threshold')"
             ) from error
         self.warmup_rounds = warmup_rounds
         self.clustering_round: int | None = None
@@ -126,25 +136,29 @@ class FLHC(HardClusteredStrategy):
         for msg, label in zip(trained, labels, strict=True):
             groups.setdefault(int(label), []).append(msg)
         log(INFO, "round %d: FL+HC clustered %d updates into %d clusters %s (%s linkage, %s "
-            "distance, cut %.4g = %s; median nearest distance %.4g)", server_round,
-            len(trained), self.hierarchy.num_clusters_, [len(g) for g in groups.values()],
-            self.hierarchy.linkage, self.hierarchy.metric, self.hierarchy.threshold_,
-            self.hierarchy.threshold, self.hierarchy.nearest_distance_)
+            "distance, %s cut %.4g; largest jump of merge heights %.3g; median nearest "
+            "distance %.4g)", server_round, len(trained), self.hierarchy.num_clusters_,
+            [len(g) for g in groups.values()], self.hierarchy.linkage, self.hierarchy.metric,
+            self.hierarchy.threshold, self.hierarchy.threshold_, self.hierarchy.max_gap_,
+            self.hierarchy.nearest_distance_)
         packed, metrics = self.aggregate_clusters(
             [self._models[0]] * self.hierarchy.num_clusters_, groups
         )
-        metrics["distance-threshold"] = self.hierarchy.threshold_
         return packed, metrics
 
     def summary_fields(self) -> dict[str, Any]:
-        """The clustering round, the cut used and the number of clusters found."""
+        """The clustering round, the cut used and the number of clusters found.
+
+        ``distance_threshold`` is ``None`` when the gap cut merged everything.
+        """
         if self.clustering_round is None:
             return {"clustering_round": None, **super().summary_fields()}
-        nearest = self.hierarchy.nearest_distance_
+        h = self.hierarchy
         return {
             "clustering_round": self.clustering_round,
-            "distance_threshold": self.hierarchy.threshold_,
-            "median_nearest_distance": None if np.isnan(nearest) else nearest,
+            "distance_threshold": _finite_or_none(h.threshold_),
+            "max_merge_gap": _finite_or_none(h.max_gap_),
+            "median_nearest_distance": _finite_or_none(h.nearest_distance_),
             "num_hierarchy_clusters": self.hierarchy.num_clusters_,
             **super().summary_fields(),
         }
@@ -152,10 +166,11 @@ class FLHC(HardClusteredStrategy):
     def summary(self) -> None:
         """Log FL+HC's settings."""
         h = self.hierarchy
-        cut = (
-            f"{h.distance_ratio:g} x median nearest distance" if h.threshold == "relative"
-            else f"{h.distance_threshold:g}"
-        )
+        cut = {
+            "gap": f"largest jump of merge heights if >= {h.min_gap:g}x",
+            "relative": f"{h.distance_ratio:g} x median nearest distance",
+            "absolute": f"{h.distance_threshold:g}",
+        }[h.threshold]
         log(INFO, "\t├──> FL+HC: warm-up %d rounds | %s linkage, %s distance | cut %s",
             self.warmup_rounds, h.linkage, h.metric, cut)
         super().summary()

@@ -114,6 +114,7 @@ def _flhc(settings: Settings) -> Strategy:
         linkage=settings["flhc-linkage"],
         metric=settings["flhc-metric"],
         threshold=settings["flhc-threshold"],
+        min_gap=settings["flhc-min-gap"],
         distance_ratio=settings["flhc-distance-ratio"],
         distance_threshold=settings["flhc-distance-threshold"],
         **_inter_cluster(settings),
