@@ -5,10 +5,11 @@ default local training: 10 SGD steps of 32 samples, lr 0.1) the clients run FedA
 in process (the fl-clusters learner, no Flower), and after w = 0..ROUNDS rounds
 every client trains once more from the global model. On those updates:
 
-- FL+HC: the range of relative cuts (``distance_ratio`` x the median distance to the
-  nearest other update; Euclidean, ward) that recover the groups exactly (ARI 1),
-  or, without groups, keep every client in one cluster; and what the default
-  relative cut and the absolute cut 0.9 give.
+- FL+HC (Euclidean, ward): the largest jump between consecutive merge heights
+  and what the default gap cut gives; the range of relative cuts
+  (``distance_ratio`` x the median distance to the nearest other update) that
+  recover the groups exactly (ARI 1), or, without groups, keep every client in one
+  cluster; and what the absolute cut 0.9 gives.
 - WeCFL: the ARI of the first weighted k-means (w = 0, all clients trained the
   initial model) with ten k-means++ starts (worst over 5 seeds) and with one
   (mean over 10 seeds).
@@ -94,15 +95,19 @@ def _recovered(truth: np.ndarray, labels: np.ndarray) -> bool:
 
 
 def flhc_figures(truth: np.ndarray, updates: np.ndarray) -> dict[str, Any]:
-    """Cuts that recover the groups, and what the default and the absolute cut give."""
-    good = [float(r) for r in RATIOS
-            if _recovered(truth, UpdateHierarchy(distance_ratio=float(r)).fit_predict(updates))]
+    """The default gap cut, the relative cuts that recover the groups, the absolute cut."""
+    good = [
+        float(r) for r in RATIOS
+        if _recovered(truth, UpdateHierarchy(threshold="relative", distance_ratio=float(r))
+                      .fit_predict(updates))
+    ]
     default = UpdateHierarchy().fit(updates)
     absolute = UpdateHierarchy(threshold="absolute").fit(updates)
     return {
-        "good_ratios": [min(good), max(good)] if good else None,
+        "max_gap": default.max_gap_,
         "default_clusters": default.num_clusters_,
         "default_ari": float(adjusted_rand_score(truth, default.labels_)),
+        "good_ratios": [min(good), max(good)] if good else None,
         "absolute_clusters": absolute.num_clusters_,
         "absolute_ari": float(adjusted_rand_score(truth, absolute.labels_)),
         "median_nearest_distance": default.nearest_distance_,
