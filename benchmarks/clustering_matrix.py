@@ -12,6 +12,8 @@ stopped) and the table ``docs/clustering-matrix.md`` is regenerated from that fi
     python benchmarks/clustering_matrix.py ifca --quick              # digits, mlp, seed 0
     python benchmarks/clustering_matrix.py cfl --data digits --model cnn --structure rotation
     python benchmarks/clustering_matrix.py --table                   # only rebuild the table
+    python benchmarks/clustering_matrix.py flhc --quick --structure rotation --no-baselines \
+        --out benchmarks/measured/clustering_matrix-flhc.json       # cells in their own file
 
 Strategy names are any ``strategy`` the run config accepts (``fedsoft`` runs on the
 mixture structures only, as its model needs). Numbers are for 2 shared CPU cores.
@@ -52,7 +54,7 @@ MODELS = ("mlp", "cnn")
 BASELINES = ("fedavg", "local")
 # Digits: 20 clients of ~63 samples; Fashion-MNIST: 20 clients of ~2,800.
 CLIENTS = 20
-ROUNDS = {"ifca": 15, "cfl": 25, "acfl": 20, "fedsoft": 30}
+ROUNDS = {"ifca": 15, "cfl": 25, "acfl": 20, "fedsoft": 30, "flhc": 15, "wecfl": 15}
 DATA_SETTINGS = {"fashion-mnist": {"acfl-trial-epochs": 3}}
 
 
@@ -100,9 +102,9 @@ def run_cell(strategy: str, structure: str, data: str, model: str, seed: int) ->
     }
 
 
-def load() -> dict[str, Any]:
-    """The cells measured so far."""
-    return json.loads(OUT.read_text()) if OUT.exists() else {}
+def load(path: Path = OUT) -> dict[str, Any]:
+    """The cells measured so far in the results file ``path``."""
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -166,10 +168,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no-baselines", action="store_true", help="skip FedAvg/local runs")
     parser.add_argument("--rerun", action="store_true", help="run measured cells again")
     parser.add_argument("--table", action="store_true", help="only rebuild the table")
+    parser.add_argument(
+        "--out", type=Path, default=OUT,
+        help="results file; the table is rebuilt only from the default one",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.data, args.model, args.seeds = ["digits"], ["mlp"], [0]
-    results = load()
+    results = load(args.out)
+    # Cells kept in another file must not replace the matrix table with their subset.
+    rebuild_table = args.out.resolve() == OUT.resolve()
     if not args.table:
         strategies = list(args.strategies) + ([] if args.no_baselines else list(BASELINES))
         for data in args.data:
@@ -192,10 +200,12 @@ def main(argv: list[str]) -> None:
                                 # matrix; the table shows it and the next run retries it.
                                 results[key] = {"error": repr(error)}
                             print(f"{key}: {results[key]}", flush=True)
-                            OUT.parent.mkdir(parents=True, exist_ok=True)
-                            OUT.write_text(json.dumps(results, indent=1, sort_keys=True))
-                            write_table(results)
-    write_table(results)
+                            args.out.parent.mkdir(parents=True, exist_ok=True)
+                            args.out.write_text(json.dumps(results, indent=1, sort_keys=True))
+                            if rebuild_table:
+                                write_table(results)
+    if rebuild_table:
+        write_table(results)
 
 
 if __name__ == "__main__":

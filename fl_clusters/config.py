@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc")
+STRATEGIES = (
+    "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "flhc", "wecfl"
+)
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
 CLUSTER_STRUCTURES = (
     "rotation", "label-permutation", "none", "rotation-mixture", "label-permutation-mixture"
@@ -25,6 +27,9 @@ IFCA_INITS = ("local-kmeans", "random")
 IFCA_AGGREGATIONS = ("weighted", "paper")
 GATES = ("relative", "absolute")
 FEDSOFT_INITS = ("random", "local-kmeans")
+FLHC_LINKAGES = ("ward", "average", "complete", "single")
+FLHC_METRICS = ("euclidean", "manhattan", "cosine")
+FLHC_THRESHOLDS = ("gap", "relative", "absolute")
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,7 @@ KEYS: tuple[ConfigKey, ...] = (
         help="held-out local validation split (ACFL's incentive test)",
     ),
     ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
-    ConfigKey("num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft)"),
+    ConfigKey("num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft, WeCFL)"),
     ConfigKey("min-nodes", 2, minimum=1,
               help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
     ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
@@ -248,6 +253,30 @@ KEYS: tuple[ConfigKey, ...] = (
         "max-failed-rounds", 3, minimum=1,
         help="stop the run after this many training rounds in a row without a valid reply",
     ),
+    # Issue 17: FL+HC and WeCFL (docs/clustering-defaults.md, how the defaults were chosen).
+    ConfigKey("flhc-warmup-rounds", 3, minimum=0, help="FL+HC: FedAvg rounds before clustering"),
+    ConfigKey("flhc-linkage", "ward", choices=FLHC_LINKAGES, help="FL+HC agglomerative linkage"),
+    ConfigKey(
+        "flhc-metric", "euclidean", choices=FLHC_METRICS,
+        help="FL+HC distance between updates (ward needs euclidean)",
+    ),
+    ConfigKey(
+        "flhc-threshold", "gap", choices=FLHC_THRESHOLDS,
+        help="FL+HC cut: largest jump of merge heights, ratio x nearest distance, or absolute",
+    ),
+    ConfigKey(
+        "flhc-min-gap", 1.6, minimum=1.0, exclusive_minimum=True,
+        help="FL+HC gap cut: smallest jump between merge heights that separates clusters",
+    ),
+    ConfigKey(
+        "flhc-distance-ratio", 2.5, minimum=0.0, exclusive_minimum=True,
+        help="FL+HC relative cut: this x the median distance to the nearest other update",
+    ),
+    ConfigKey(
+        "flhc-distance-threshold", 0.9, minimum=0.0, exclusive_minimum=True,
+        help="FL+HC absolute cut (the paper's form; suits the digits MLP only)",
+    ),
+    ConfigKey("wecfl-n-init", 10, minimum=1, help="WeCFL: k-means++ starts of the first k-means"),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

@@ -31,6 +31,8 @@ from fl_clusters.clustering.gates import (
     unit_rows,
     widest_group,
 )
+from fl_clusters.clustering.hierarchical import UpdateHierarchy, median_nearest_distance
+from fl_clusters.clustering.kmeans_models import initial_kmeans, weighted_kmeans
 from fl_clusters.clustering.ordering import (
     GreedyIncentiveClustering,
     has_positive_incentive,
@@ -54,6 +56,7 @@ __all__ = [
     "CFLSplitDecision",
     "DensityClustering",
     "GreedyIncentiveClustering",
+    "UpdateHierarchy",
     "assign_by_loss",
     "best_fit_counts",
     "bipartition_by_cosine",
@@ -65,9 +68,11 @@ __all__ = [
     "has_positive_incentive",
     "importance_weights",
     "incentive",
+    "initial_kmeans",
     "inter_cluster_mix",
     "k_distance_curve",
     "knee_eps",
+    "median_nearest_distance",
     "model_updates",
     "nearest_feature",
     "order_by_similarity",
@@ -81,5 +86,6 @@ __all__ = [
     "unit_rows",
     "update_norms",
     "weighted_average",
+    "weighted_kmeans",
     "widest_group",
 ]

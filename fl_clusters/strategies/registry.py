@@ -11,8 +11,10 @@ from fl_clusters.strategies.acfl import ACFL
 from fl_clusters.strategies.cfl import CFL
 from fl_clusters.strategies.fedsoft import FedSoft
 from fl_clusters.strategies.fldc import FLDC
+from fl_clusters.strategies.flhc import FLHC
 from fl_clusters.strategies.ifca import IFCA
 from fl_clusters.strategies.local import LocalOnly
+from fl_clusters.strategies.wecfl import WeCFL
 
 Settings = Mapping[str, Any]
 
@@ -106,6 +108,29 @@ def _fldc(settings: Settings) -> Strategy:
     )
 
 
+def _flhc(settings: Settings) -> Strategy:
+    return FLHC(
+        warmup_rounds=settings["flhc-warmup-rounds"],
+        linkage=settings["flhc-linkage"],
+        metric=settings["flhc-metric"],
+        threshold=settings["flhc-threshold"],
+        min_gap=settings["flhc-min-gap"],
+        distance_ratio=settings["flhc-distance-ratio"],
+        distance_threshold=settings["flhc-distance-threshold"],
+        **_inter_cluster(settings),
+        **_common(settings),
+    )
+
+
+def _wecfl(settings: Settings) -> Strategy:
+    return WeCFL(
+        settings["num-clusters"],
+        n_init=settings["wecfl-n-init"],
+        **_inter_cluster(settings),
+        **_common(settings),
+    )
+
+
 def _fedavg(settings: Settings) -> Strategy:
     # Flower's own strategy, unchanged: the baseline must be the one users know.
     return FedAvg(
@@ -135,6 +160,8 @@ BUILDERS: dict[str, Callable[[Settings], Strategy]] = {
     "fedavg": _fedavg,
     "fedprox": _fedprox,
     "local": _local,
+    "flhc": _flhc,
+    "wecfl": _wecfl,
 }
 
 

@@ -1,0 +1,118 @@
+"""WeCFL's weighted k-means over client models (Ma et al. 2022)."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.cluster import KMeans
+
+from fl_clusters.clustering.similarity import _finite_matrix
+
+
+def _check_weights(weights: np.ndarray, num_points: int) -> np.ndarray:
+    values = np.asarray(weights, dtype=np.float64)
+    if values.shape != (num_points,) or not np.all(np.isfinite(values)) or np.any(values <= 0):
+        raise ValueError(
+            f"weights must be {num_points} finite values > 0 (one data size per point), got "
+            f"shape {values.shape}"
+        )
+    return values
+
+
+def weighted_kmeans(
+    points: np.ndarray,
+    weights: np.ndarray,
+    centers: np.ndarray,
+    max_iter: int = 100,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's iterations of data-size-weighted k-means started from given centres.
+
+    WeCFL's cluster step after the first round: the centres are the current
+    cluster models, so cluster j stays cluster j (no label switching between
+    rounds). A cluster that no point chooses keeps its centre, where sklearn's
+    KMeans would move it onto a far point: a cluster whose members were simply
+    not sampled this round must keep its model and its members.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points (flattened trained client models), N >= 1.
+    weights : np.ndarray
+        (N,) data sizes, > 0.
+    centers : np.ndarray
+        (k, D) finite starting centres, k >= 1.
+    max_iter : int (default: 100)
+        Most assignment/update passes, >= 1; stops earlier when no label changes.
+
+    Returns
+    -------
+    tuple[np.ndarray, np.ndarray]
+        (N,) int labels in [0, k - 1] and the (k, D) float64 final centres
+        (weighted means of their members; the start centre for an empty cluster).
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    table = _finite_matrix("centers", centers).astype(np.float64).copy()
+    if matrix.shape[0] == 0:
+        raise ValueError("points must hold at least 1 row, got 0")
+    if table.shape[0] == 0 or table.shape[1] != matrix.shape[1]:
+        raise ValueError(
+            f"centers must have shape (k >= 1, {matrix.shape[1]}) to match points, got "
+            f"{table.shape}"
+        )
+    sizes = _check_weights(weights, matrix.shape[0])
+    if max_iter < 1:
+        raise ValueError(f"max_iter={max_iter} is outside [1, inf)")
+    labels = np.full(matrix.shape[0], -1, dtype=np.int64)
+    for _ in range(max_iter):
+        # ||x - c||^2 without the (N, k, D) difference tensor: D is a model's size.
+        distances = (
+            (matrix**2).sum(axis=1)[:, None] - 2.0 * matrix @ table.T + (table**2).sum(axis=1)
+        )
+        new = np.argmin(distances, axis=1).astype(np.int64)
+        if np.array_equal(new, labels):
+            break
+        labels = new
+        for j in np.unique(labels):
+            members = labels == j
+            table[j] = np.average(matrix[members], axis=0, weights=sizes[members])
+    return labels, table
+
+
+def initial_kmeans(
+    points: np.ndarray, weights: np.ndarray, num_clusters: int, n_init: int = 10, seed: int = 0
+) -> np.ndarray:
+    """Data-size-weighted k-means++ clustering of points that share no centres yet.
+
+    WeCFL's first cluster step, on the models every client trained from the
+    same initial model. Ten k-means++ starts recovered the groups of 20
+    digits and Fashion-MNIST clients in every measured case; a single start
+    averaged an ARI of 0.88-0.96 on digits (docs/clustering-defaults.md).
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points, N >= ``num_clusters``.
+    weights : np.ndarray
+        (N,) data sizes, > 0.
+    num_clusters : int
+        k, >= 1.
+    n_init : int (default: 10)
+        k-means++ starts; the one of lowest weighted inertia is kept, >= 1.
+    seed : int (default: 0)
+        Seed of the starts.
+
+    Returns
+    -------
+    np.ndarray
+        (N,) int labels in [0, k - 1].
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    sizes = _check_weights(weights, matrix.shape[0])
+    if not 1 <= num_clusters <= matrix.shape[0]:
+        raise ValueError(
+            f"num_clusters={num_clusters} is outside [1, {matrix.shape[0]}] for "
+            f"{matrix.shape[0]} points"
+        )
+    if n_init < 1:
+        raise ValueError(f"n_init={n_init} is outside [1, inf)")
+    kmeans = KMeans(num_clusters, n_init=n_init, random_state=seed)
+    return kmeans.fit_predict(matrix, sample_weight=sizes).astype(np.int64)

@@ -1,0 +1,176 @@
+"""FL+HC: federated learning with hierarchical clustering (Briggs, Fan, Andras, IJCNN 2020)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fl_clusters.clustering import UpdateHierarchy
+from fl_clusters.strategies.base import HardClusteredStrategy
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+class FLHC(HardClusteredStrategy):
+    """FL+HC: a FedAvg warm-up, one agglomerative clustering of updates, then FedAvg per cluster.
+
+    Rounds ``1..warmup_rounds`` are plain FedAvg. In the next round every sampled
+    node trains from the global model and the server clusters their updates
+    (trained model minus the global model) once, with sklearn's
+    ``AgglomerativeClustering`` cut at a distance threshold, so the number of
+    clusters is found, not given. Each cluster starts from the example-weighted
+    mean of its members' models and then runs its own FedAvg.
+
+    A node that did not train in the clustering round (not sampled, failed, or
+    joined later) has no cluster: whenever it is sampled it receives every
+    cluster model and trains (and is evaluated with) the one of lowest loss on
+    its own training split; that choice places it in the cluster for good.
+
+    Parameters
+    ----------
+    warmup_rounds : int (default: 3)
+        FedAvg rounds before the clustering round, >= 0 (0 clusters the updates
+        of round 1, trained from the initial model).
+    linkage : str (default: "ward")
+        ``"ward"``, ``"average"``, ``"complete"`` or ``"single"``.
+    metric : str (default: "euclidean")
+        ``"euclidean"``, ``"manhattan"`` or ``"cosine"`` (ward needs euclidean).
+    threshold : str (default: "gap")
+        ``"gap"``: cut inside the largest jump between consecutive merge heights
+        of the tree, if the higher is at least ``min_gap`` times the lower, else
+        one cluster; ratios of heights hold for any model and local training.
+        ``"relative"``: cut at ``distance_ratio`` x the median distance from each
+        update to its nearest other update. ``"absolute"``: cut at
+        ``distance_threshold`` (the paper's form).
+    min_gap : float (default: 1.6)
+        Gap cut: the smallest jump that separates clusters, > 1.
+    distance_ratio : float (default: 2.5)
+        Relative cut, > 0.
+    distance_threshold : float (default: 0.9)
+        Absolute cut, > 0, in the metric's units. Update distances scale with the
+        model and local work: 0.9 suits the bundled digits MLP (lr 0.1, 10 steps).
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
+        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    awcfl_beta, mcfl, mcfl_feature_samples
+        AWCFL and MCFL options; see
+        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    """
+
+    def __init__(
+        self,
+        *,
+        warmup_rounds: int = 3,
+        linkage: str = "ward",
+        metric: str = "euclidean",
+        threshold: str = "gap",
+        min_gap: float = 1.6,
+        distance_ratio: float = 2.5,
+        distance_threshold: float = 0.9,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_available_nodes: int = 2,
+        awcfl_beta: float = 0.0,
+        mcfl: bool = False,
+        mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_available_nodes=min_available_nodes,
+            awcfl_beta=awcfl_beta,
+            mcfl=mcfl,
+            mcfl_feature_samples=mcfl_feature_samples,
+            max_failed_rounds=max_failed_rounds,
+            seed=seed,
+        )
+        if warmup_rounds < 0:
+            raise ValueError(
+                f"warmup_rounds={warmup_rounds} must be >= 0 (run-config key "
+                "'flhc-warmup-rounds')"
+            )
+        try:
+            self.hierarchy = UpdateHierarchy(
+                linkage, metric, threshold, min_gap, distance_ratio, distance_threshold
+            )
+        except ValueError as error:
+            raise ValueError(
+                f"{error} (run-config keys 'flhc-linkage', 'flhc-metric', 'flhc-threshold', "
+                "'flhc-min-gap', 'flhc-distance-ratio', 'flhc-distance-threshold')"
+            ) from error
+        self.warmup_rounds = warmup_rounds
+        self.clustering_round: int | None = None
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send every sampled node its cluster's model (the global one before clustering)."""
+        return self.assigned_train_messages(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """FedAvg (per cluster once clustered); cluster the updates right after the warm-up."""
+        members = self.replies_by_cluster(replies)
+        if not members:
+            return None, None
+        if self.clustering_round is not None or server_round <= self.warmup_rounds:
+            packed, metrics = self.aggregate_clusters(self._models, members)
+            if self.clustering_round is None:
+                # A warm-up round is FedAvg: nobody belongs to a cluster yet.
+                self.assignments.clear()
+            return packed, metrics
+        trained = members[0]
+        labels = self.hierarchy.fit_predict(self.updates(trained, self._models[0]))
+        self.clustering_round = server_round
+        groups: dict[int, list[Message]] = {}
+        for msg, label in zip(trained, labels, strict=True):
+            groups.setdefault(int(label), []).append(msg)
+        log(INFO, "round %d: FL+HC clustered %d updates into %d clusters %s (%s linkage, %s "
+            "distance, %s cut %.4g; largest jump of merge heights %.3g; median nearest "
+            "distance %.4g)", server_round, len(trained), self.hierarchy.num_clusters_,
+            [len(g) for g in groups.values()], self.hierarchy.linkage, self.hierarchy.metric,
+            self.hierarchy.threshold, self.hierarchy.threshold_, self.hierarchy.max_gap_,
+            self.hierarchy.nearest_distance_)
+        packed, metrics = self.aggregate_clusters(
+            [self._models[0]] * self.hierarchy.num_clusters_, groups
+        )
+        return packed, metrics
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The clustering round, the cut used and the number of clusters found.
+
+        ``distance_threshold`` is ``None`` when the gap cut merged everything.
+        """
+        if self.clustering_round is None:
+            return {"clustering_round": None, **super().summary_fields()}
+        h = self.hierarchy
+        return {
+            "clustering_round": self.clustering_round,
+            "distance_threshold": _finite_or_none(h.threshold_),
+            "max_merge_gap": _finite_or_none(h.max_gap_),
+            "median_nearest_distance": _finite_or_none(h.nearest_distance_),
+            "num_hierarchy_clusters": self.hierarchy.num_clusters_,
+            **super().summary_fields(),
+        }
+
+    def summary(self) -> None:
+        """Log FL+HC's settings."""
+        h = self.hierarchy
+        cut = {
+            "gap": f"largest jump of merge heights if >= {h.min_gap:g}x",
+            "relative": f"{h.distance_ratio:g} x median nearest distance",
+            "absolute": f"{h.distance_threshold:g}",
+        }[h.threshold]
+        log(INFO, "\t├──> FL+HC: warm-up %d rounds | %s linkage, %s distance | cut %s",
+            self.warmup_rounds, h.linkage, h.metric, cut)
+        super().summary()

@@ -1,0 +1,146 @@
+"""WeCFL: weighted clustered federated learning (Ma, Long, Zhou, Jiang, Zhang 2022)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fl_clusters import protocol as p
+from fl_clusters.clustering import flatten_models, initial_kmeans, weighted_kmeans
+from fl_clusters.strategies.base import HardClusteredStrategy
+
+
+class WeCFL(HardClusteredStrategy):
+    """WeCFL: local training, weighted k-means over the client models, weighted cluster means.
+
+    Every round each sampled node trains from its cluster's model; the server then
+    runs k-means over the trained models, each client weighted by its data size,
+    and every cluster model becomes the data-size-weighted mean of its members
+    (the k-means centre), the alternation analysed by Ma et al. as a weighted
+    k-means objective.
+
+    Round 1 has no cluster models yet: all nodes train the initial model, and
+    the first k-means starts from ``n_init`` k-means++ draws (the lowest weighted
+    inertia wins). In later rounds k-means starts from the current cluster models
+    and runs Lloyd's iterations, so cluster j stays cluster j (no label switching
+    between rounds), and a cluster that no trained model chooses keeps its model
+    and its unsampled members. A node that was never clustered (not sampled in
+    round 1, or joined later) receives every cluster model, trains the one of
+    lowest loss on its training split, and k-means then places its trained model.
+    A node that is not sampled keeps its cluster.
+
+    Parameters
+    ----------
+    num_clusters : int
+        k, the number of cluster models, >= 1.
+    n_init : int (default: 10)
+        k-means++ starts of the first clustering, >= 1.
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
+        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    awcfl_beta, mcfl, mcfl_feature_samples
+        AWCFL and MCFL options; see
+        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    """
+
+    def __init__(
+        self,
+        num_clusters: int,
+        *,
+        n_init: int = 10,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_available_nodes: int = 2,
+        awcfl_beta: float = 0.0,
+        mcfl: bool = False,
+        mcfl_feature_samples: int = 32,
+        max_failed_rounds: int = 3,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_available_nodes=min_available_nodes,
+            awcfl_beta=awcfl_beta,
+            mcfl=mcfl,
+            mcfl_feature_samples=mcfl_feature_samples,
+            max_failed_rounds=max_failed_rounds,
+            seed=seed,
+        )
+        if num_clusters < 1:
+            raise ValueError(
+                f"num_clusters={num_clusters} must be >= 1 (run-config key 'num-clusters')"
+            )
+        if n_init < 1:
+            raise ValueError(f"n_init={n_init} must be >= 1 (run-config key 'wecfl-n-init')")
+        self.num_clusters = num_clusters
+        self.n_init = n_init
+        self.clustering_round: int | None = None
+        self.reassigned: list[int] = []
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send every sampled node its cluster's model (the initial one in round 1)."""
+        return self.assigned_train_messages(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Weighted k-means over the trained models, then weighted means per cluster."""
+        members = self.replies_by_cluster(replies)
+        if not members:
+            return None, None
+        trained = [m for cluster in sorted(members) for m in members[cluster]]
+        names = list(self._models[0].keys())
+        points = flatten_models(
+            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in trained]
+        )
+        weights = np.array([self.num_examples(m) for m in trained])
+        if self.clustering_round is None:
+            if len(trained) < self.num_clusters:
+                log(WARNING, "round %d: %d trained models for k=%d clusters: FedAvg this "
+                    "round, k-means in the next", server_round, len(trained), self.num_clusters)
+                packed, metrics = self.aggregate_clusters(self._models, members)
+                self.assignments.clear()
+                return packed, metrics
+            labels = initial_kmeans(points, weights, self.num_clusters, self.n_init, self.seed)
+            self.clustering_round = server_round
+            models = [self._models[0]] * self.num_clusters
+        else:
+            centers = flatten_models(
+                [[model[n].numpy() for n in names] for model in self._models]
+            )
+            labels, _ = weighted_kmeans(points, weights, centers)
+            models = list(self._models)
+        groups: dict[int, list[Message]] = {}
+        moved = 0
+        for msg, label in zip(trained, labels, strict=True):
+            node = msg.metadata.src_node_id
+            moved += int(node in self.assignments and self.assignments[node] != label)
+            groups.setdefault(int(label), []).append(msg)
+        self.reassigned.append(moved)
+        log(INFO, "round %d: WeCFL k-means: %d trained models in clusters %s, %d moved",
+            server_round, len(trained), {j: len(g) for j, g in sorted(groups.items())}, moved)
+        packed, metrics = self.aggregate_clusters(models, groups)
+        metrics["reassigned"] = moved
+        return packed, metrics
+
+    def summary_fields(self) -> dict[str, Any]:
+        """The first clustering round and the nodes that changed cluster in every round."""
+        return {
+            "clustering_round": self.clustering_round,
+            "reassigned_per_round": list(self.reassigned),
+            **super().summary_fields(),
+        }
+
+    def summary(self) -> None:
+        """Log WeCFL's settings."""
+        log(INFO, "\t├──> WeCFL: k=%d | first k-means: %d k-means++ starts",
+            self.num_clusters, self.n_init)
+        super().summary()
