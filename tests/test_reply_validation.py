@@ -16,7 +16,7 @@ from fl_clusters import protocol as p
 from fl_clusters.client_app import node_key
 from fl_clusters.metrics import MeteredGrid
 from fl_clusters.server_app import collect_report, node_fields, report_fields
-from fl_clusters.strategies import ACFL, CFL, FLDC, IFCA, FedSoft, LocalOnly
+from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedSoft, LocalOnly, WeCFL
 from fl_clusters.strategies.base import ClusteredStrategy
 from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
 
@@ -153,6 +153,8 @@ STRATEGIES: dict[str, Callable[[], ClusteredStrategy]] = {
     "fedsoft": lambda: FedSoft(2, tau=1, min_available_nodes=2),
     "fldc": lambda: FLDC(min_pts=2, min_available_nodes=2),
     "local": lambda: LocalOnly(min_available_nodes=2),
+    "flhc": lambda: FLHC(warmup_rounds=1, min_available_nodes=2),
+    "wecfl": lambda: WeCFL(2, min_available_nodes=2),
 }
 
 
