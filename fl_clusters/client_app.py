@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
@@ -432,7 +433,9 @@ def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) ->
     )
 
 
-def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
+def build_client_app(
+    overrides: Mapping[str, Any] | None = None, mods: list[Mod] | None = None
+) -> ClientApp:
     """The ClientApp on fl-clusters' own data and models.
 
     Parameters
@@ -440,6 +443,9 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     overrides : Mapping[str, Any] | None
         Run-config values that win over ``context.run_config`` (``run_simulation``
         passes no run config, so tests and scripts set keys here).
+    mods : list[Mod] | None
+        Flower client mods wrapped around every handler (e.g. Flower's
+        ``message_size_mod``, or a fault injector in tests).
     """
 
     def learner_fn(context: Context) -> TorchLearner:
@@ -456,7 +462,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
             "partition-id": partition_id,
         }
 
-    return register_handlers(ClientApp(), learner_fn, metadata_fn)
+    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn)
 
 
 app = build_client_app()
