@@ -118,8 +118,12 @@ def report_fields(num_models: int) -> dict[str, p.MetricField]:
 
 def collect_report(
     grid: Grid, strategy: Strategy, arrays: ArrayRecord, nodes: list[int], settings: Mapping
-) -> list[dict[str, Any]]:
-    """Ask every node to score every final cluster model on its held-out test split."""
+) -> tuple[list[dict[str, Any]], set[int]]:
+    """Ask every node to score every final cluster model on its held-out test split.
+
+    Returns the usable reports, sorted by partition, and the nodes that answered at
+    all (a malformed or error reply counts as an answer, silence does not).
+    """
     messages = []
     for node in nodes:
         assigned = getattr(strategy, "assignment_for", lambda _: None)(node)
@@ -133,7 +137,11 @@ def collect_report(
         messages.append(Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT))
     rows = []
     fields = report_fields(len(p.unpack_clusters(arrays)))
-    for reply in grid.send_and_receive(messages, timeout=settings["round-timeout"]):
+    replies = list(grid.send_and_receive(messages, timeout=settings["round-timeout"]))
+    for node in sorted(set(nodes) - {r.metadata.src_node_id for r in replies}):
+        log(WARNING, "report: node %d did not answer within round-timeout (%.0f s)", node,
+            settings["round-timeout"])
+    for reply in replies:
         node = reply.metadata.src_node_id
         if reply.has_error():
             log(WARNING, "report: node %d failed: %s", node, reply.error.reason)
@@ -152,7 +160,8 @@ def collect_report(
             int(assigned) if assigned is not None else int(np.argmin(row["train-loss"]))
         )
         rows.append(row)
-    return sorted(rows, key=lambda r: r.get("partition-id", r["node-id"]))
+    answered = {r.metadata.src_node_id for r in replies}
+    return sorted(rows, key=lambda r: r.get("partition-id", r["node-id"])), answered
 
 
 def summarize(
@@ -202,7 +211,8 @@ def summarize(
 
 
 def node_fields(
-    start: list[int], final: list[int], seen: set[int], rows: list[dict[str, Any]]
+    start: list[int], final: list[int], seen: set[int], rows: list[dict[str, Any]],
+    answered: set[int],
 ) -> dict[str, Any]:
     """Which nodes left, joined late, or sent no usable report (node ids).
 
@@ -216,11 +226,16 @@ def node_fields(
         Every node the grid listed during the run.
     rows : list[dict[str, Any]]
         The usable reports (their ``node-id``).
+    answered : set[int]
+        Nodes that replied to the report at all (a usable report, an error, or a
+        malformed one).
     """
     everyone = set(start) | set(seen) | set(final)
     reported = {int(r["node-id"]) for r in rows}
     late = sorted(everyone - set(start))
-    lost = sorted(everyone - set(final))
+    # Gone from the grid, or still listed but silent at the report (a node that dies
+    # stays listed until the SuperLink misses its heartbeats).
+    lost = sorted((everyone - set(final)) | (set(final) - answered))
     for node in lost:
         log(WARNING, "node %d left during the run: its cluster kept its model; no report", node)
     for row in rows:
@@ -228,7 +243,7 @@ def node_fields(
     return {
         "lost_nodes": lost,
         "late_nodes": late,
-        "unreported_nodes": sorted(set(final) - reported),
+        "unreported_nodes": sorted((set(final) & answered) - reported),
     }
 
 
@@ -350,12 +365,12 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     # The report goes to the nodes connected now: one that left would only hold it
     # up to the timeout, one that joined mid-run is scored like the others.
     final_nodes = sorted(metered.get_node_ids())
-    rows = collect_report(metered, strategy, result.arrays, final_nodes, settings)
+    rows, answered = collect_report(metered, strategy, result.arrays, final_nodes, settings)
     if not rows:
         raise RuntimeError("no node answered the final report; see the log for their errors")
     summary = summarize(rows, result, settings["strategy"], settings)
     summary.update(strategy_fields(strategy, rows))
-    summary.update(node_fields(nodes, final_nodes, metered.nodes_seen, rows))
+    summary.update(node_fields(nodes, final_nodes, metered.nodes_seen, rows, answered))
     summary.update(
         wall_time_s=time.time() - start,
         bytes_sent=metered.bytes_sent,

@@ -486,3 +486,50 @@ def test_insecure_deployment_warns_and_refuses_a_second_start(
     assert not [pid for pid in gone if pid_alive(pid)]
     report_timings("insecure loopback start/stop (2 nodes)", deployment.timings)
 
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_in_round_2_leaves_the_run_to_the_other_three(
+    tmp_path: Path, deployment_factory
+) -> None:
+    """Four SuperNodes; one is killed (SIGKILL) when round 2 starts. The run goes on
+    with the other three within the round timeout and lists the lost node."""
+    deployment: Deployment = deployment_factory(4)
+    result = deployment.start("--insecure", "--skip-check")
+    assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
+    victim = deployment.recorded_pids()["supernode-3"]
+    results_dir = tmp_path / "results"
+    run_config = (f"strategy='ifca' num-rounds=3 min-nodes=3 num-clusters=2 "
+                  f"ifca-init='random' ifca-restarts=1 round-timeout=30.0 "
+                  f"results-dir='{results_dir}'")
+    env = {**os.environ, "FLWR_HOME": str(deployment.state_dir / "flwr-home"),
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    began = time.monotonic()
+    run = subprocess.Popen(
+        [str(VENV_BIN / "flwr"), "run", str(REPO), "fl-clusters", "--stream",
+         "--run-config", run_config],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )
+    output: list[str] = []
+    killed = False
+    assert run.stdout is not None
+    for line in run.stdout:
+        output.append(line)
+        if not killed and "[ROUND 2/" in line:
+            os.kill(victim, 9)
+            killed = True
+        if time.monotonic() - began > RUN_TIMEOUT:
+            run.kill()
+            break
+    run.wait(timeout=60)
+    text = "".join(output)
+    assert killed, text[-3000:]
+    summaries = sorted(results_dir.glob("*/summary.json"))
+    assert len(summaries) == 1, text[-4000:] + deployment.log_tails()
+    summary = json.loads(summaries[0].read_text())
+    assert summary["num_clients"] == 3
+    assert len(summary["lost_nodes"]) == 1
+    assert summary["unanswered_messages"] >= 1
+    assert summary["num_rounds"] == 3
+    report_timings("kill one of 4 SuperNodes in round 2 (3 rounds)",
+                   {**deployment.timings, "run": time.monotonic() - began})

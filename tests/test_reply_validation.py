@@ -213,18 +213,21 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
     grid = MeteredGrid(ReportGrid(answers))  # type: ignore[arg-type]
     packed = p.pack_clusters([_model(), _model()])
     settings_ = {"mcfl-feature-samples": 8, "round-timeout": 5.0}
-    rows = collect_report(grid, IFCA(2), packed, [1, 2, 3, 4], settings_)
+    rows, answered = collect_report(grid, IFCA(2), packed, [1, 2, 3, 4], settings_)
+    assert answered == {1, 2, 3, 4}
     assert [r["node-id"] for r in rows] == [1]
     assert rows[0]["assigned"] == 1  # lowest training loss
-    fields = node_fields([1, 2, 3, 4, 9], [1, 2, 3, 4], {1, 2, 3, 4, 9}, rows)
+    fields = node_fields([1, 2, 3, 4, 9], [1, 2, 3, 4], {1, 2, 3, 4, 9}, rows, answered)
     assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4]}
     assert set(report_fields(2)) >= {"test-accuracy", "train-loss", "num-test"}
 
 
 def test_late_nodes_are_marked_in_the_report_rows() -> None:
     rows = [{"node-id": 1}, {"node-id": 7}]
-    fields = node_fields([1, 2], [1, 7], {1, 2, 7}, rows)
+    fields = node_fields([1, 2], [1, 7], {1, 2, 7}, rows, {1, 7})
     assert fields == {"lost_nodes": [2], "late_nodes": [7], "unreported_nodes": []}
+    # A node still listed but silent at the report is lost, not unreported.
+    assert node_fields([1, 2], [1, 2], {1, 2}, rows[:1], {1})["lost_nodes"] == [2]
     assert [r["late"] for r in rows] == [False, True]
 
 
