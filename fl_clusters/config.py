@@ -13,7 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-STRATEGIES = ("ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc")
+STRATEGIES = (
+    "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "fedem"
+)
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
 CLUSTER_STRUCTURES = (
     "rotation", "label-permutation", "none", "rotation-mixture", "label-permutation-mixture"
@@ -25,6 +27,7 @@ IFCA_INITS = ("local-kmeans", "random")
 IFCA_AGGREGATIONS = ("weighted", "paper")
 GATES = ("relative", "absolute")
 FEDSOFT_INITS = ("random", "local-kmeans")
+FEDEM_INITS = ("local-kmeans", "random")
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,9 @@ KEYS: tuple[ConfigKey, ...] = (
         help="held-out local validation split (ACFL's incentive test)",
     ),
     ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
-    ConfigKey("num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft)"),
+    ConfigKey(
+        "num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft); FedEM's M components"
+    ),
     ConfigKey("min-nodes", 2, minimum=1,
               help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
     ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
@@ -248,6 +253,13 @@ KEYS: tuple[ConfigKey, ...] = (
         "max-failed-rounds", 3, minimum=1,
         help="stop the run after this many training rounds in a row without a valid reply",
     ),
+    # Issue 17: FedEM (num-clusters is its M).
+    ConfigKey(
+        "fedem-init", "local-kmeans", choices=FEDEM_INITS,
+        help="FedEM components: k-means of a warm-start round, or the paper's random draws",
+    ),
+    ConfigKey("fedem-init-steps", 100, minimum=1,
+              help="FedEM local-kmeans start: local SGD steps of the warm-start round"),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

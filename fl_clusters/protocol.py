@@ -47,6 +47,7 @@ CFG_SPLIT = "split"  # "test" (default) or "validation"
 CFG_NUM_SAMPLES = "num-samples"
 CFG_MCFL_CLUSTERS = "mcfl-clusters"  # MCFL: clusters that have a feature
 CFG_MCFL_FEATURES = "mcfl-features"  # MCFL: their features, row-major
+CFG_MIXTURE = "mixture"  # FedEM: the clusters are the node's mixture components
 
 # Metric keys returned by clients.
 M_NUM_EXAMPLES = "num-examples"
@@ -55,6 +56,7 @@ M_CLUSTER = "cluster-id"
 M_LOSS = "loss"
 M_ACCURACY = "accuracy"
 M_FEATURE_MEAN = "feature-mean"  # MCFL: mean of n sampled training inputs
+M_MIXTURE_WEIGHTS = "mixture-weights"  # FedEM: the node's pi, one per component
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")

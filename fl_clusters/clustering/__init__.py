@@ -31,6 +31,12 @@ from fl_clusters.clustering.gates import (
     unit_rows,
     widest_group,
 )
+from fl_clusters.clustering.mixture import (
+    e_step,
+    fit_mixture_weights,
+    mixture_probabilities,
+    responsibilities,
+)
 from fl_clusters.clustering.ordering import (
     GreedyIncentiveClustering,
     has_positive_incentive,
@@ -59,6 +65,8 @@ __all__ = [
     "bipartition_by_cosine",
     "cluster_feature_means",
     "decide_cfl_split",
+    "e_step",
+    "fit_mixture_weights",
     "flatten_models",
     "group_by_kmeans",
     "has_converged",
@@ -68,12 +76,14 @@ __all__ = [
     "inter_cluster_mix",
     "k_distance_curve",
     "knee_eps",
+    "mixture_probabilities",
     "model_updates",
     "nearest_feature",
     "order_by_similarity",
     "output_layer_profiles",
     "pairwise_cosine",
     "relative_split_gate",
+    "responsibilities",
     "sample_per_cluster",
     "selection_probabilities",
     "should_split",
