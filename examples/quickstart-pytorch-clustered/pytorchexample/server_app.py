@@ -112,7 +112,15 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
         result = strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(Net().state_dict()),
-            train_config=ConfigRecord({"lr": cfg["learning-rate"]}),
+            # The app's handlers read their run config; fl-clusters' own learner,
+            # which trains FedEM's components, reads these keys.
+            train_config=ConfigRecord(
+                {
+                    "lr": cfg["learning-rate"],
+                    "local-epochs": cfg["local-epochs"],
+                    "batch-size": cfg["batch-size"],
+                }
+            ),
             num_rounds=cfg["num-server-rounds"],
             evaluate_fn=global_evaluate,
         )
