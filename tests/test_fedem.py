@@ -3,12 +3,16 @@ then real Flower simulations on a label-permutation mixture of digits."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import Result
 from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
@@ -23,6 +27,7 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.config import parse_run_config
 from fl_clusters.learner import TorchLearner
+from fl_clusters.server_app import strategy_fields, summarize
 from fl_clusters.strategies import FedEM
 from fl_clusters.strategies.registry import build_strategy
 
@@ -340,3 +345,84 @@ def test_bad_configuration_names_the_key() -> None:
     with pytest.raises(ValueError, match="num-clusters"):
         build_strategy({**parse_run_config({"strategy": "fedem", "num-clusters": 1}),
                         "min-available-nodes": 2})
+
+
+def test_summary_scores_the_mixture_and_pi_against_the_truth() -> None:
+    # Two nodes, two components; node 0 is mostly source 0, node 1 mostly source 1.
+    rows = [
+        {"node-id": 11, "test-accuracy": [0.9, 0.1], "train-loss": [0.2, 2.0], "num-test": 10,
+         "mixture-accuracy": 0.95, "assigned": 0, "true-cluster": 0, "true-mixture": [0.8, 0.2],
+         "group-correct": [8, 0, 0, 2], "group-counts": [8, 2]},
+        {"node-id": 12, "test-accuracy": [0.2, 0.8], "train-loss": [2.0, 0.3], "num-test": 10,
+         "mixture-accuracy": 0.85, "assigned": 1, "true-cluster": 1, "true-mixture": [0.3, 0.7],
+         "group-correct": [3, 0, 0, 7], "group-counts": [3, 7]},
+    ]
+    settings = {"target-accuracy": 0.8, "num-rounds": 1}
+    summary = summarize(rows, Result(), "fedem", settings)
+    # The personalized accuracy is each node's mixture, not its best component.
+    assert summary["per_client_accuracy"] == [0.95, 0.85]
+    assert summary["personalized_accuracy"] == pytest.approx(0.9)
+    strategy = FedEM(2)
+    strategy.mixture_weights = {11: np.array([0.7, 0.3]), 12: np.array([0.2, 0.8])}
+    fields = strategy_fields(strategy, rows)
+    assert fields["cluster_source_match"] == [0, 1]
+    # |0.7-0.8| + |0.3-0.2| + |0.2-0.3| + |0.8-0.7|, over 4 weights.
+    assert fields["importance_weight_error"] == pytest.approx(0.1)
+
+
+# ------------------------------------------------------ simulated federations
+MIXTURE = {"cluster-structure": "label-permutation-mixture", "num-clusters": 2, "num-rounds": 8}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fedem_beats_fedavg_on_a_label_permutation_mixture(federation, seed: int) -> None:
+    """Two sources that name the digits differently, mixed in every client by
+    Dirichlet(0.5) proportions: FedAvg's one model serves neither source well.
+
+    Measured (20 clients, MLP, 8 rounds; seeds 0/1/2): FedEM 0.792/0.700/0.??? personalized
+    accuracy against FedAvg 0.547/0.494/0.???, pi within 0.05 of the true proportions,
+    ARI of argmax pi 1.0/0.80/???.
+    """
+    fedem = federation({**MIXTURE, "strategy": "fedem", "seed": seed})
+    fedavg = federation({**MIXTURE, "strategy": "fedavg", "seed": seed})
+    assert fedem["personalized_accuracy"] >= fedavg["personalized_accuracy"] + 0.1, (
+        fedem["personalized_accuracy"], fedavg["personalized_accuracy"])
+    # The soft assignment: every node reports pi, close to its true source shares.
+    assert len(fedem["mixture_weights"]) == 20
+    assert fedem["importance_weight_error"] < 0.1, fedem["importance_weight_error"]
+    assert fedem["ari"] >= 0.7, fedem["ari"]
+
+
+@pytest.fixture
+def example_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Ray's workers import the example too: give them (and us) its folder."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "quickstart-pytorch-clustered"
+    paths = [str(example), str(example.parent.parent), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    monkeypatch.syspath_prepend(str(example))
+    return example
+
+
+@pytest.mark.slow
+def test_plugin_example_runs_fedem(example_path: Path, tmp_path: Path) -> None:
+    """quickstart-pytorch-clustered, unchanged handlers, strategy='fedem'.
+
+    Measured (6 clients, 8 rounds): every client 0.78-0.90 with its mixture, groups
+    recovered (ARI 1.0); FedAvg averages ~0.5 per client here (tests/test_plugin.py).
+    """
+    from flwr.simulation import run_simulation
+    from pytorchexample.client_app import build_client_app
+    from pytorchexample.server_app import build_server_app
+
+    config = {"results-dir": str(tmp_path), "strategy": "fedem"}
+    run_simulation(
+        server_app=build_server_app(config),
+        client_app=build_client_app(config),
+        num_supernodes=6,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["num_models"] == 2 and summary["ari"] == 1.0, summary
+    accuracy = summary["per_client_accuracy"]
+    assert min(accuracy) >= 0.7 and np.mean(accuracy) >= 0.75, summary
