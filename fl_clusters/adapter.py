@@ -7,6 +7,8 @@ handler a FedAvg-shaped message (that model under ``"arrays"``, the server's con
 untouched), calls it, and adds what the protocol needs to the reply. It also
 registers the queries clustered strategies send (report, cluster_losses,
 sample_assignment, features), scored with the user's model and data loaders.
+FedEM's tasks are the exception: its M-step weighs every training sample, which a
+FedAvg-style handler cannot do, so fl-clusters' own learner trains them.
 docs/plugin.md shows the change against Flower's quickstart-pytorch.
 """
 
@@ -21,6 +23,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
 from fl_clusters.client_app import (
@@ -34,6 +37,9 @@ from fl_clusters.client_app import (
     _mcfl_choice,
     _report,
     _sample_assignment,
+    fedem_evaluate,
+    fedem_train,
+    is_mixture,
     proximal_centers,
 )
 from fl_clusters.learner import TorchLearner
@@ -148,6 +154,21 @@ class LoaderLearner(TorchLearner):
         """Number of samples in a split (counted through its loader)."""
         return sum(len(y) for _, y in self._batches(split))
 
+    def in_memory(self) -> TorchLearner:
+        """A learner that can train, on the training samples read once into memory.
+
+        FedEM's M-step weighs each training sample by its responsibility, so the
+        samples must keep one order between the E-step and training; a loader
+        that shuffles changes it every pass. The test split is left empty.
+        """
+        pairs = [(x.cpu(), y.cpu()) for x, y in self._batches("train")]
+        x = torch.cat([x for x, _ in pairs])
+        y = torch.cat([y for _, y in pairs])
+        return TorchLearner(
+            self.model, TensorDataset(x, y), TensorDataset(x[:0], y[:0]),
+            device=self.device, loss_fn=self.loss_fn,
+        )
+
     def train(self, *args: Any, **kwargs: Any) -> tuple[ArrayRecord, float]:
         """Refused: the user's own handler trains."""
         raise RuntimeError("ClusteredClient trains with the app's own @app.train handler")
@@ -194,7 +215,10 @@ class ClusteredClient:
     Wrap the app's handlers (``@app.train()`` above ``@clustered.train``) and the
     queries are registered on ``app`` by the constructor. The user's handlers keep
     their code, optimizer and ``context.run_config``; the message they get carries
-    one model under ``"arrays"`` and the server's config record unchanged.
+    one model under ``"arrays"`` and the server's config record unchanged. FedEM's
+    tasks (config ``"mixture"``=true) do not reach them: fl-clusters' SGD trains
+    the M components on the train loader's samples, each weighted by its
+    responsibility, and evaluation scores the node's mixture on the test loader.
 
     Parameters
     ----------
@@ -272,6 +296,11 @@ class ClusteredClient:
             config = _config(message)
             if config.get(p.CFG_RETURN, "model") == "gradient":
                 raise ValueError(GRADIENT_REFUSED)
+            if is_mixture(message):
+                # FedEM: the M-step weighs each sample by its responsibility, which
+                # the app's handler cannot; fl-clusters' SGD trains the components
+                # with the server's lr, local-epochs/local-steps and batch-size.
+                return fedem_train(learner.in_memory(), message, context)
             models = _candidate_models(message)
             cluster, losses = _choose_cluster(learner, models, config)
             start = models[cluster]
@@ -309,6 +338,9 @@ class ClusteredClient:
                     "ClusteredClient evaluates with the app's test data only: run ACFL "
                     "with fl-clusters' own ClientApp (register_handlers)"
                 )
+            if is_mixture(message):
+                # FedEM's prediction is the node's mixture of every component.
+                return fedem_evaluate(learner, message, context)
             models = _candidate_models(message)
             cluster = _mcfl_choice(learner, len(models), config, "test")
             if cluster is None:

@@ -21,7 +21,13 @@ from flwr.clientapp.typing import Mod
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import best_fit_counts, nearest_feature
+from fl_clusters.clustering import (
+    best_fit_counts,
+    e_step,
+    fit_mixture_weights,
+    mixture_probabilities,
+    nearest_feature,
+)
 from fl_clusters.config import parse_run_config, partition_settings
 from fl_clusters.data import ClientData, load_client_data, load_dataset
 from fl_clusters.learner import TorchLearner, resolve_device
@@ -31,6 +37,7 @@ LearnerFactory = Callable[[Context], TorchLearner]
 MetadataFactory = Callable[[Context], Mapping[str, Any]]
 
 LOCAL_MODEL = "local-model"  # key of the node's persistent model in context.state
+MIXTURE_WEIGHTS = "mixture-weights"  # key of the node's FedEM pi in context.state
 # Optional metadata entry: the group (e.g. source distribution) of every test sample.
 # The report turns it into per-group correct counts instead of forwarding it.
 TEST_GROUPS = "test-groups"
@@ -197,6 +204,119 @@ def _evaluate(learner: TorchLearner, message: Message, context: Context) -> Mess
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
 
+def is_mixture(message: Message) -> bool:
+    """Whether ``message`` is a FedEM task: its clusters are this node's mixture components."""
+    return bool(_config(message).get(p.CFG_MIXTURE, False))
+
+
+def _stored_mixture_weights(context: Context, num_components: int) -> np.ndarray | None:
+    record = context.state.config_records.get(MIXTURE_WEIGHTS)
+    if record is None:
+        return None
+    pi = np.asarray(record["pi"], dtype=np.float64)
+    if pi.shape != (num_components,):
+        raise ValueError(
+            f"this node keeps FedEM mixture weights for {pi.size} components but the server "
+            f"sent {num_components}; one run must keep one number of components"
+        )
+    return pi
+
+
+def mixture_weights_for(
+    learner: TorchLearner, models: list[ArrayRecord], context: Context
+) -> np.ndarray:
+    """The node's FedEM weights pi: kept from its last training round, else fitted.
+
+    A node that never trained fits pi to the fixed components by EM on its
+    TRAINING split; the test split never decides pi.
+    """
+    pi = _stored_mixture_weights(context, len(models))
+    if pi is not None:
+        return pi
+    losses, _, _ = learner.component_scores(models, "train")
+    return fit_mixture_weights(losses)
+
+
+def mixture_scores(
+    learner: TorchLearner, models: list[ArrayRecord], pi: np.ndarray, split: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample loss (-log p(y|x)) and correctness of the mixture ``sum_m pi_m p_m``."""
+    _, probs, labels = learner.component_scores(models, split)
+    mixed = mixture_probabilities(probs, pi)
+    # The floor keeps one confidently wrong sample from making the mean loss infinite.
+    likelihood = np.maximum(mixed[np.arange(len(labels)), labels], 1e-12)
+    return -np.log(likelihood), mixed.argmax(axis=1) == labels
+
+
+def _fedem_components(message: Message) -> list[ArrayRecord]:
+    models = _candidate_models(message)
+    if len(models) < 2:
+        raise ValueError(
+            f"a FedEM message ('{p.CFG_MIXTURE}'=true) must carry at least 2 packed "
+            f"components under '{p.CLUSTERS}', got {len(models)}"
+        )
+    return models
+
+
+def fedem_train(learner: TorchLearner, message: Message, context: Context) -> Message:
+    """FedEM's local step: E-step on the training split, then every component's M-step.
+
+    The responsibilities ``q(m, i)`` and the new ``pi = mean_i q`` come from the
+    components the server sent and the node's previous pi (uniform at first);
+    component m is then trained with the same lr, epochs/steps and batches as
+    any other local task, each sample's loss weighted by ``q(m, i)``. pi is kept
+    in ``context.state`` and reported; the reply packs the M trained components.
+    """
+    config = _config(message)
+    models = _fedem_components(message)
+    pi = _stored_mixture_weights(context, len(models))
+    if pi is None:
+        pi = np.full(len(models), 1.0 / len(models))
+    losses, _, _ = learner.component_scores(models, "train")
+    q, pi = e_step(losses, pi)
+    trained, total_loss = [], 0.0
+    for model, weights in zip(models, q, strict=True):
+        arrays, loss = learner.train(
+            model,
+            lr=float(config.get(p.CFG_LR, 0.1)),
+            batch_size=int(config.get(p.CFG_BATCH, 32)),
+            epochs=int(config.get(p.CFG_EPOCHS, 1)),
+            steps=int(config.get(p.CFG_STEPS, 0)),
+            seed=int(config.get(p.CFG_ROUND, 0)) * 100_003 + node_key(context) % 100_003,
+            sample_weights=weights,
+        )
+        trained.append(arrays)
+        total_loss += loss  # the q-weighted losses of the components add up (sum_m q = 1)
+    context.state[MIXTURE_WEIGHTS] = ConfigRecord({"pi": pi.tolist()})
+    metrics = MetricRecord(
+        {
+            p.M_NUM_EXAMPLES: learner.num_examples("train"),
+            p.M_TRAIN_LOSS: total_loss,
+            p.M_MIXTURE_WEIGHTS: pi.tolist(),
+        }
+    )
+    return Message(
+        RecordDict({p.ARRAYS: p.pack_clusters(trained), p.METRICS: metrics}), reply_to=message
+    )
+
+
+def fedem_evaluate(learner: TorchLearner, message: Message, context: Context) -> Message:
+    """Score the node's mixture ``sum_m pi_m p_m(y | x)`` on the requested split."""
+    models = _fedem_components(message)
+    split = str(_config(message).get(p.CFG_SPLIT, "test"))
+    losses, correct = mixture_scores(
+        learner, models, mixture_weights_for(learner, models, context), split
+    )
+    metrics = MetricRecord(
+        {
+            p.M_NUM_EXAMPLES: len(correct),
+            p.M_LOSS: float(losses.mean()),
+            p.M_ACCURACY: float(correct.mean()),
+        }
+    )
+    return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
+
+
 def _report(
     learner: TorchLearner, message: Message, context: Context, metadata: Mapping[str, Any]
 ) -> Message:
@@ -228,6 +348,14 @@ def _report(
     local = _local_model(context)
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]
+    if _stored_mixture_weights(context, len(models)) is not None or bool(
+        config.get(p.CFG_MIXTURE, False)
+    ):
+        pi = mixture_weights_for(learner, models, context)
+        mixture_losses, mixture_correct = mixture_scores(learner, models, pi, "test")
+        metrics["mixture-accuracy"] = float(mixture_correct.mean())
+        metrics["mixture-loss"] = float(mixture_losses.mean())
+        metrics[p.M_MIXTURE_WEIGHTS] = pi.tolist()
     if groups is not None:
         correct, counts = _group_scores([c for _, c in test_scores], groups)
         metrics["group-correct"] = correct
@@ -311,10 +439,14 @@ def register_handlers(
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
+        if is_mixture(message):
+            return fedem_train(learner_fn(context), message, context)
         return _train(learner_fn(context), message, context)
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:
+        if is_mixture(message):
+            return fedem_evaluate(learner_fn(context), message, context)
         return _evaluate(learner_fn(context), message, context)
 
     @app.query("report")

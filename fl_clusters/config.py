@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 STRATEGIES = (
-    "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "flhc", "wecfl"
+    "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "flhc", "wecfl",
+    "fedem",
 )
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
 CLUSTER_STRUCTURES = (
@@ -30,6 +31,7 @@ FEDSOFT_INITS = ("random", "local-kmeans")
 FLHC_LINKAGES = ("ward", "average", "complete", "single")
 FLHC_METRICS = ("euclidean", "manhattan", "cosine")
 FLHC_THRESHOLDS = ("gap", "relative", "absolute")
+FEDEM_INITS = ("local-kmeans", "random")
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,10 @@ KEYS: tuple[ConfigKey, ...] = (
         help="held-out local validation split (ACFL's incentive test)",
     ),
     ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
-    ConfigKey("num-clusters", 4, minimum=1, help="k cluster models (IFCA, FedSoft, WeCFL)"),
+    ConfigKey(
+        "num-clusters", 4, minimum=1,
+        help="k cluster models (IFCA, FedSoft, WeCFL); FedEM's M components",
+    ),
     ConfigKey("min-nodes", 2, minimum=1,
               help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
     ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
@@ -277,6 +282,13 @@ KEYS: tuple[ConfigKey, ...] = (
         help="FL+HC absolute cut (the paper's form; suits the digits MLP only)",
     ),
     ConfigKey("wecfl-n-init", 10, minimum=1, help="WeCFL: k-means++ starts of the first k-means"),
+    # Issue 17: FedEM (num-clusters is its M).
+    ConfigKey(
+        "fedem-init", "local-kmeans", choices=FEDEM_INITS,
+        help="FedEM components: k-means of a warm-start round, or the paper's random draws",
+    ),
+    ConfigKey("fedem-init-steps", 100, minimum=1,
+              help="FedEM local-kmeans start: local SGD steps of the warm-start round"),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

@@ -20,6 +20,20 @@ from fl_clusters.models import arrays_to_model, model_to_arrays
 EVAL_BATCH = 1024
 
 
+class _Indexed(Dataset):
+    """A map-style dataset whose samples carry their index (per-sample weights)."""
+
+    def __init__(self, data: Dataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        x, y = self.data[index]
+        return x, y, index
+
+
 def resolve_device(name: str) -> torch.device:
     """Map the ``device`` run-config value to a torch device.
 
@@ -113,11 +127,32 @@ class TorchLearner:
             for start in range(0, n, batch_size):
                 yield x_all[start : start + batch_size], y_all[start : start + batch_size]
             return
+        for x, y, _ in self._indexed_batches(split, batch_size, generator):
+            yield x, y
+
+    def _indexed_batches(
+        self, split: str, batch_size: int, generator: torch.Generator
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """A shuffled pass like :meth:`_batches`, each batch with its samples' indices.
+
+        The same draws from ``generator``, hence the same batches, as the
+        shuffled :meth:`_batches`; the indices select per-sample weights.
+        """
+        if split not in self._tensors:
+            loader = DataLoader(
+                _Indexed(self._split(split)), batch_size=batch_size, shuffle=True,
+                generator=generator,
+            )
+            for x, y, idx in loader:
+                yield x.to(self.device), y.to(self.device), idx.to(self.device)
+            return
+        x_all, y_all = self._tensors[split]
+        n = len(y_all)
         torch.empty((), dtype=torch.int64).random_(generator=generator)
         order = torch.randperm(n, generator=generator).to(self.device)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
-            yield x_all[idx], y_all[idx]
+            yield x_all[idx], y_all[idx], idx
         torch.randperm(n, generator=generator)
 
     def train(
@@ -130,6 +165,7 @@ class TorchLearner:
         steps: int = 0,
         proximal_centers: Sequence[tuple[ArrayRecord, float]] = (),
         seed: int = 0,
+        sample_weights: np.ndarray | None = None,
     ) -> tuple[ArrayRecord, float]:
         """Run local SGD from ``arrays`` and return the trained arrays and mean loss.
 
@@ -151,7 +187,13 @@ class TorchLearner:
             lambda * u_ks). One proximal problem whatever the number of centres.
         seed : int
             Seed of the mini-batch order.
+        sample_weights : np.ndarray | None
+            One non-negative weight per training sample (FedEM's responsibilities
+            of the component being trained): a batch's loss is the mean of
+            ``weight * loss`` over its samples. ``None`` weighs every sample 1.
+            The batches are the same either way.
         """
+        weights = self._sample_weights(sample_weights)
         self._load(arrays)
         params = dict(self.model.named_parameters())
         centers = [
@@ -168,9 +210,15 @@ class TorchLearner:
         self.model.train()
         losses: list[float] = []
         while len(losses) < total_steps:
-            for x, y in self._batches("train", batch_size, generator):
+            batches = (
+                ((x, y, None) for x, y in self._batches("train", batch_size, generator))
+                if weights is None
+                else self._indexed_batches("train", batch_size, generator)
+            )
+            for x, y, idx in batches:
                 optimizer.zero_grad()
-                loss = self.loss_fn(self.model(x), y).mean()
+                per_sample = self.loss_fn(self.model(x), y)
+                loss = (per_sample if weights is None else per_sample * weights[idx]).mean()
                 losses.append(float(loss.detach()))
                 for center, weight in centers:
                     loss = loss + weight / 2 * sum(
@@ -181,6 +229,19 @@ class TorchLearner:
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0
+
+    def _sample_weights(self, sample_weights: np.ndarray | None) -> torch.Tensor | None:
+        """``sample_weights`` checked against the training split, as a device tensor."""
+        if sample_weights is None:
+            return None
+        weights = np.asarray(sample_weights, dtype=np.float32)
+        n = self.num_examples("train")
+        if weights.shape != (n,) or not np.all(np.isfinite(weights)) or np.any(weights < 0):
+            raise ValueError(
+                f"sample_weights must hold one finite non-negative weight per training "
+                f"sample ({n}), got shape {weights.shape}"
+            )
+        return torch.from_numpy(weights).to(self.device)
 
     def gradient(self, arrays: ArrayRecord) -> tuple[ArrayRecord, float]:
         """Full-batch gradient of the mean training loss at ``arrays`` (IFCA option I)."""
@@ -238,6 +299,41 @@ class TorchLearner:
         if not losses:
             return np.zeros(0), np.zeros(0, dtype=bool)
         return torch.cat(losses).numpy(), torch.cat(correct).numpy()
+
+    @torch.no_grad()
+    def component_scores(
+        self, models: Sequence[ArrayRecord], split: str = "train"
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-sample loss and class probabilities of every model, in one pass (FedEM).
+
+        Every batch is scored by all models before the next is read, so the rows
+        of the M models refer to the same samples even when the split's loader
+        shuffles (a user's loader under ``ClusteredClient``).
+
+        Returns
+        -------
+        tuple[np.ndarray, np.ndarray, np.ndarray]
+            Losses (M, n), softmax probabilities (M, n, C) and labels (n,).
+        """
+        states = [m.to_torch_state_dict() for m in models]
+        self.model.eval()
+        losses: list[list[torch.Tensor]] = [[] for _ in states]
+        probs: list[list[torch.Tensor]] = [[] for _ in states]
+        labels: list[torch.Tensor] = []
+        for x, y in self._batches(split, EVAL_BATCH):
+            for j, state in enumerate(states):
+                self.model.load_state_dict(state, strict=True)
+                logits = self.model(x)
+                losses[j].append(self.loss_fn(logits, y).cpu())
+                probs[j].append(torch.softmax(logits, dim=1).cpu())
+            labels.append(y.cpu())
+        if not labels:
+            raise ValueError(f"split {split!r} of this client is empty")
+        return (
+            torch.stack([torch.cat(rows) for rows in losses]).numpy(),
+            torch.stack([torch.cat(rows) for rows in probs]).numpy(),
+            torch.cat(labels).numpy(),
+        )
 
     @torch.no_grad()
     def evaluate(self, arrays: ArrayRecord, split: str = "test") -> tuple[float, float]:

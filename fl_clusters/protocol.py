@@ -50,6 +50,7 @@ CFG_SPLIT = "split"  # "test" (default) or "validation"
 CFG_NUM_SAMPLES = "num-samples"
 CFG_MCFL_CLUSTERS = "mcfl-clusters"  # MCFL: clusters that have a feature
 CFG_MCFL_FEATURES = "mcfl-features"  # MCFL: their features, row-major
+CFG_MIXTURE = "mixture"  # FedEM: the clusters are the node's mixture components
 
 # Metric keys returned by clients.
 M_NUM_EXAMPLES = "num-examples"
@@ -132,6 +133,7 @@ def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str |
     if np.any(values < field.low) or np.any(values > field.high):
         return f"'{name}' = {value} is outside [{field.low:g}, {field.high:g}]"
     return None
+M_MIXTURE_WEIGHTS = "mixture-weights"  # FedEM: the node's pi, one per component
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")

@@ -131,6 +131,8 @@ def collect_report(
             {
                 p.CFG_ASSIGNED: -1 if assigned is None else int(assigned),
                 p.CFG_NUM_SAMPLES: settings["mcfl-feature-samples"],
+                # FedEM: the node also scores its mixture of the clusters.
+                p.CFG_MIXTURE: bool(getattr(strategy, "mixture", False)),
             }
         )
         content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})
@@ -173,10 +175,14 @@ def summarize(
     assigned = np.array([r["assigned"] for r in rows], dtype=int)
     truth = np.array([r.get("true-cluster", 0) for r in rows], dtype=int)
     n, k = accuracy.shape
-    # A node's own kept model when it has one (local-only, FedSoft); otherwise the
-    # cluster model it uses (e.g. a FedSoft node that was never drawn to train).
+    # A FedEM node's mixture of the cluster models; a node's own kept model when it
+    # has one (local-only, FedSoft); otherwise the cluster model it uses (e.g. a
+    # FedSoft node that was never drawn to train).
     personal = np.array(
-        [r.get("local-accuracy", accuracy[i, assigned[i]]) for i, r in enumerate(rows)]
+        [
+            r.get("mixture-accuracy", r.get("local-accuracy", accuracy[i, assigned[i]]))
+            for i, r in enumerate(rows)
+        ]
     )
     cluster_accuracy = []
     for j in range(k):
@@ -255,7 +261,9 @@ def strategy_fields(strategy: Strategy, rows: list[dict[str, Any]]) -> dict[str,
     the nodes reported.
     """
     fields = strategy.summary_fields() if isinstance(strategy, ClusteredStrategy) else {}
-    fields.update(soft_clustering_scores(rows, fields.get("importance_weights")))
+    # FedSoft's u and FedEM's pi are both a node's soft weight of each cluster model.
+    soft = fields.get("importance_weights", fields.get("mixture_weights"))
+    fields.update(soft_clustering_scores(rows, soft))
     if "cluster_labels" in fields:  # a density clustering (FLDC) with noise labels
         fields.update(density_clustering_scores(rows, fields["cluster_labels"]))
     if isinstance(strategy, ClusteredStrategy) and strategy.mcfl:

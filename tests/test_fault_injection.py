@@ -87,6 +87,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "flhc": {"strategy": "flhc", "flhc-warmup-rounds": 1},
     "wecfl": {"strategy": "wecfl", "num-clusters": 4},
     "local": {"strategy": "local"},
+    "fedem": {"strategy": "fedem", "num-clusters": 2,
+              "cluster-structure": "label-permutation-mixture", "num-groups": 2},
 }
 
 

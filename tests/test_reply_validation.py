@@ -16,7 +16,7 @@ from fl_clusters import protocol as p
 from fl_clusters.client_app import node_key
 from fl_clusters.metrics import MeteredGrid
 from fl_clusters.server_app import collect_report, node_fields, report_fields
-from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedSoft, LocalOnly, WeCFL
+from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedEM, FedSoft, LocalOnly, WeCFL
 from fl_clusters.strategies.base import ClusteredStrategy
 from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
 
@@ -155,6 +155,7 @@ STRATEGIES: dict[str, Callable[[], ClusteredStrategy]] = {
     "local": lambda: LocalOnly(min_available_nodes=2),
     "flhc": lambda: FLHC(warmup_rounds=1, min_available_nodes=2),
     "wecfl": lambda: WeCFL(2, min_available_nodes=2),
+    "fedem": lambda: FedEM(2, init_steps=1, min_available_nodes=2),
 }
 
 

@@ -33,6 +33,12 @@ from fl_clusters.clustering.gates import (
 )
 from fl_clusters.clustering.hierarchical import UpdateHierarchy, median_nearest_distance
 from fl_clusters.clustering.kmeans_models import initial_kmeans, weighted_kmeans
+from fl_clusters.clustering.mixture import (
+    e_step,
+    fit_mixture_weights,
+    mixture_probabilities,
+    responsibilities,
+)
 from fl_clusters.clustering.ordering import (
     GreedyIncentiveClustering,
     has_positive_incentive,
@@ -62,6 +68,8 @@ __all__ = [
     "bipartition_by_cosine",
     "cluster_feature_means",
     "decide_cfl_split",
+    "e_step",
+    "fit_mixture_weights",
     "flatten_models",
     "group_by_kmeans",
     "has_converged",
@@ -73,12 +81,14 @@ __all__ = [
     "k_distance_curve",
     "knee_eps",
     "median_nearest_distance",
+    "mixture_probabilities",
     "model_updates",
     "nearest_feature",
     "order_by_similarity",
     "output_layer_profiles",
     "pairwise_cosine",
     "relative_split_gate",
+    "responsibilities",
     "sample_per_cluster",
     "selection_probabilities",
     "should_split",

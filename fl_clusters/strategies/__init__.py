@@ -3,6 +3,7 @@
 from fl_clusters.strategies.acfl import ACFL
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.cfl import CFL
+from fl_clusters.strategies.fedem import FedEM
 from fl_clusters.strategies.fedsoft import FedSoft
 from fl_clusters.strategies.fldc import FLDC
 from fl_clusters.strategies.flhc import FLHC
@@ -18,6 +19,7 @@ __all__ = [
     "FLHC",
     "IFCA",
     "ClusteredStrategy",
+    "FedEM",
     "FedSoft",
     "LocalOnly",
     "WeCFL",

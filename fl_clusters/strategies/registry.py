@@ -9,6 +9,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from fl_clusters.strategies.acfl import ACFL
 from fl_clusters.strategies.cfl import CFL
+from fl_clusters.strategies.fedem import FedEM
 from fl_clusters.strategies.fedsoft import FedSoft
 from fl_clusters.strategies.fldc import FLDC
 from fl_clusters.strategies.flhc import FLHC
@@ -131,6 +132,15 @@ def _wecfl(settings: Settings) -> Strategy:
     )
 
 
+def _fedem(settings: Settings) -> Strategy:
+    return FedEM(
+        settings["num-clusters"],
+        init=settings["fedem-init"],
+        init_steps=settings["fedem-init-steps"],
+        **_common(settings),
+    )
+
+
 def _fedavg(settings: Settings) -> Strategy:
     # Flower's own strategy, unchanged: the baseline must be the one users know.
     return FedAvg(
@@ -162,6 +172,7 @@ BUILDERS: dict[str, Callable[[Settings], Strategy]] = {
     "local": _local,
     "flhc": _flhc,
     "wecfl": _wecfl,
+    "fedem": _fedem,
 }
 
 

@@ -54,7 +54,11 @@ def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
 
 
 def final_report(grid: Grid, result: Result) -> list[dict[str, Any]]:
-    """Every node's test accuracy with the model it picks (lowest training loss)."""
+    """Every node's test accuracy with the model it picks (lowest training loss).
+
+    Under FedEM the accuracy is the node's mixture's; its cluster stays the model
+    with the lowest training loss.
+    """
     messages = [
         Message(
             RecordDict({"clusters": result.arrays, "config": ConfigRecord()}),
@@ -69,12 +73,10 @@ def final_report(grid: Grid, result: Result) -> list[dict[str, Any]]:
             raise RuntimeError(f"node {reply.metadata.src_node_id}: {reply.error.reason}")
         metrics = reply.content.metric_records["metrics"]
         chosen = int(np.argmin(metrics["train-loss"]))
+        # FedEM: a node predicts with its mixture of every model, not with one.
+        accuracy = metrics.get("mixture-accuracy", metrics["test-accuracy"][chosen])  # type: ignore[index]
         rows.append(
-            {
-                "group": int(metrics["group"]),
-                "cluster": chosen,
-                "accuracy": float(metrics["test-accuracy"][chosen]),  # type: ignore[index]
-            }
+            {"group": int(metrics["group"]), "cluster": chosen, "accuracy": float(accuracy)}  # type: ignore[arg-type]
         )
     return sorted(rows, key=lambda row: (row["group"], row["cluster"]))
 
@@ -110,7 +112,15 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
         result = strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(Net().state_dict()),
-            train_config=ConfigRecord({"lr": cfg["learning-rate"]}),
+            # The app's handlers read their run config; fl-clusters' own learner,
+            # which trains FedEM's components, reads these keys.
+            train_config=ConfigRecord(
+                {
+                    "lr": cfg["learning-rate"],
+                    "local-epochs": cfg["local-epochs"],
+                    "batch-size": cfg["batch-size"],
+                }
+            ),
             num_rounds=cfg["num-server-rounds"],
             evaluate_fn=global_evaluate,
         )

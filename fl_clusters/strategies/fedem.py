@@ -1,0 +1,292 @@
+"""FedEM: federated EM over M shared components (Marfoq et al., NeurIPS 2021)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fl_clusters import protocol as p
+from fl_clusters.clustering import group_by_kmeans
+from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.ifca import IFCA, random_like
+
+FEDEM_INITS = ("local-kmeans", "random")
+
+
+class FedEM(ClusteredStrategy):
+    """FedEM, following Algorithm 1 of the paper (federated EM).
+
+    Every client's data are modelled as a mixture of M shared components with
+    client-specific weights ``pi_t``. Each round the sampled nodes receive all M
+    components (packed under ``"clusters"``, config ``"mixture"``=true). A node
+    runs the E-step on its training split, ``q_t(m, i)`` proportional to
+    ``pi_tm exp(-loss(h_m; x_i, y_i))`` and ``pi_tm = mean_i q_t(m, i)`` (its pi
+    is kept on the node, uniform at first), then the M-step: every component is
+    trained locally on the loss weighted per sample by ``q_t(m, .)``. It replies
+    with the M updated components and its pi. The server averages each
+    component over the replies weighted by the nodes' training examples ``n_t``.
+
+    Evaluation sends every node all M components; the node scores its mixture
+    ``p(y | x) = sum_m pi_tm p_m(y | x)`` on its test split (a node that never
+    trained first fits pi to the components on its training split).
+    ``assignments`` hold ``argmax pi`` of each node, the hard view used for
+    cluster-recovery metrics.
+
+    The paper starts the components as independent random draws
+    (``init="random"``; M copies of one model would get equal responsibilities
+    for every sample and never become different). From random draws every
+    component fits every source about equally, the first responsibilities carry
+    no information, and the component that learns fastest takes every sample: on
+    a label-permutation mixture of digits the second component's weight fell to
+    0 within 30 rounds and FedEM was FedAvg. ``init="local-kmeans"`` (default)
+    spends round 1 on a warm start, as IFCA's: every sampled node trains the
+    initial model for ``init_steps`` local steps, k-means groups the nodes'
+    output-layer updates into M groups, and component m starts as the
+    example-weighted mean of group m's models; FedEM proper runs from round 2.
+
+    Parameters
+    ----------
+    num_components : int (default: 3)
+        M, the number of shared components (the paper's default is 3), >= 2.
+    init : str (default: "local-kmeans")
+        How the M components start: ``"random"`` (the paper's independent
+        draws) or ``"local-kmeans"`` (a warm-start round, see above).
+    init_steps : int (default: 100)
+        Local SGD steps of the warm-start round, >= 1.
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
+        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    """
+
+    # The final report asks nodes for their mixture's accuracy (server_app.collect_report).
+    mixture = True
+
+    def __init__(
+        self,
+        num_components: int = 3,
+        *,
+        init: str = "local-kmeans",
+        init_steps: int = 100,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_available_nodes: int = 2,
+        max_failed_rounds: int = 3,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            min_available_nodes=min_available_nodes,
+            max_failed_rounds=max_failed_rounds,
+            seed=seed,
+        )
+        if isinstance(num_components, bool) or not isinstance(num_components, int) or (
+            num_components < 2
+        ):
+            raise ValueError(
+                f"FedEM num_components={num_components!r} is invalid; allowed: an int >= 2 "
+                "(run-config key 'num-clusters'); one component is FedAvg"
+            )
+        if init not in FEDEM_INITS:
+            raise ValueError(
+                f"FedEM init={init!r} is invalid; allowed: {', '.join(FEDEM_INITS)} "
+                "(run-config key 'fedem-init')"
+            )
+        if isinstance(init_steps, bool) or not isinstance(init_steps, int) or init_steps < 1:
+            raise ValueError(
+                f"FedEM init_steps={init_steps!r} is invalid; allowed: an int >= 1 "
+                "(run-config key 'fedem-init-steps')"
+            )
+        self.num_components = num_components
+        self.init = init
+        self.init_steps = init_steps
+        self.warm_start_groups: dict[int, int] = {}
+        self._warm_start_round: int | None = None
+        self.mixture_weights: dict[int, np.ndarray] = {}
+        self._current = ArrayRecord()
+
+    def initialize(self, model: ArrayRecord) -> ArrayRecord:
+        """Pack M components drawn independently at the scale of ``model``."""
+        rng = np.random.default_rng(self.seed)
+        return p.pack_clusters([random_like(model, rng) for _ in range(self.num_components)])
+
+    def _components(self, arrays: ArrayRecord) -> ArrayRecord:
+        if not p.is_packed(arrays):
+            return self.initialize(arrays)
+        if p.num_packed_clusters(arrays) != self.num_components:
+            raise ValueError(
+                f"initial_arrays pack {p.num_packed_clusters(arrays)} components but "
+                f"num_components={self.num_components}; pass a plain model or M packed ones"
+            )
+        return arrays
+
+    def _messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
+        message_type: str,
+    ) -> list[Message]:
+        node_config = ConfigRecord(dict(config))
+        node_config[p.CFG_ROUND] = server_round
+        node_config[p.CFG_MIXTURE] = True
+        record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
+        return self.build_messages(dict.fromkeys(nodes, record), message_type)
+
+    # ----------------------------------------------------------------- training
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send all M components to the sampled nodes (the initial model in a warm start)."""
+        if self.fraction_train == 0.0:
+            return []
+        nodes = self.sample(grid, self.fraction_train)
+        if not p.is_packed(arrays) and self.init == "local-kmeans":
+            return self._configure_warm_start(server_round, arrays, config, nodes)
+        self._current = self._components(arrays)
+        log(INFO, "configure_train: %d nodes train all %d components", len(nodes),
+            self.num_components)
+        return self._messages(server_round, self._current, config, nodes, MessageType.TRAIN)
+
+    def _mixture_problem(self, msg: Message) -> str | None:
+        """Why a reply's pi cannot be used, or ``None`` when it can."""
+        pi = msg.content.metric_records[p.METRICS].get(p.M_MIXTURE_WEIGHTS)
+        values = np.asarray(pi if isinstance(pi, list) else [], dtype=np.float64)
+        if (
+            values.shape != (self.num_components,)
+            or not np.all(np.isfinite(values))
+            or np.any(values < 0)
+            or not np.isclose(values.sum(), 1.0, atol=1e-3)
+        ):
+            return (
+                f"'{p.M_MIXTURE_WEIGHTS}' must hold {self.num_components} non-negative "
+                f"weights summing to 1, got {pi!r}"
+            )
+        return None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Component m <- mean of the nodes' component m, weighted by their examples."""
+        if server_round == self._warm_start_round:
+            return self._aggregate_warm_start(server_round, replies)
+        valid = []
+        for msg in self.check_replies(replies, self._current, "aggregate_train"):
+            problem = self._mixture_problem(msg)
+            if problem is not None:
+                self.rejected_replies += 1
+                log(WARNING, "aggregate_train: rejected reply from node %d: %s",
+                    msg.metadata.src_node_id, problem)
+                continue
+            valid.append(msg)
+        if not valid:
+            return None, None
+        for msg in valid:
+            node = msg.metadata.src_node_id
+            pi = np.asarray(msg.content.metric_records[p.METRICS][p.M_MIXTURE_WEIGHTS])
+            self.mixture_weights[node] = pi
+            self.assignments[node] = int(np.argmax(pi))
+        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        mean_pi = np.mean([self.mixture_weights[m.metadata.src_node_id] for m in valid], axis=0)
+        log(INFO, "round %d: FedEM mean pi %s over %d nodes", server_round,
+            mean_pi.round(3).tolist(), len(valid))
+        metrics = MetricRecord(
+            {
+                p.M_TRAIN_LOSS: float(np.mean(losses)),
+                "num-trained": len(valid),
+                "mean-mixture-weights": mean_pi.tolist(),
+            }
+        )
+        # The packed components share keys, so one example-weighted mean averages
+        # every component over the nodes at once.
+        return self.average_models(valid), metrics
+
+    # --------------------------------------------------------------- warm start
+    def _configure_warm_start(
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, nodes: list[int]
+    ) -> list[Message]:
+        """``init="local-kmeans"``: every sampled node trains the single initial model."""
+        self._current = model
+        self._warm_start_round = server_round
+        node_config = ConfigRecord(dict(config))
+        node_config[p.CFG_ROUND] = server_round
+        node_config[p.CFG_STEPS] = self.init_steps
+        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
+        log(INFO, "configure_train: FedEM warm start, %d nodes train the initial model for "
+            "%d local steps", len(nodes), self.init_steps)
+        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+
+    def _aggregate_warm_start(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Group the first local models by k-means; component m <- mean of group m."""
+        model = self._current
+        valid = sorted(
+            self.check_replies(replies, model, "aggregate_train"),
+            key=lambda m: self.node_order(m.metadata.src_node_id),
+        )
+        if not valid:
+            # The result stays the plain model, so the next round warm-starts again
+            # (the base class stops the run after max_failed_rounds such rounds).
+            return None, None
+        if len(valid) < self.num_components:
+            # A round that lost most replies must not end the run: try again next round.
+            log(WARNING, "round %d: FedEM warm start: %d valid local models for %d components; "
+                "the warm start is repeated next round (if this persists: sample more nodes, "
+                "fix the failing nodes, or use fedem-init='random')", server_round, len(valid),
+                self.num_components)
+            return None, None
+        # The output layer's updates, as IFCA's warm start groups them.
+        groups = group_by_kmeans(
+            IFCA._init_features(valid, model), self.num_components, self.seed
+        )
+        members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
+                   for j in range(self.num_components)]
+        rng = np.random.default_rng(self.seed)
+        # A group k-means left empty (identical updates) starts from a random draw.
+        components = [self.average_models(group) if group else random_like(model, rng)
+                      for group in members]
+        self.warm_start_groups = {
+            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
+        }
+        # The hard view until the nodes report their first pi.
+        self.assignments.update(self.warm_start_groups)
+        sizes = np.bincount(groups, minlength=self.num_components).astype(int).tolist()
+        log(INFO, "round %d: FedEM warm start: k-means groups of sizes %s", server_round, sizes)
+        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        metrics = MetricRecord(
+            {p.M_TRAIN_LOSS: float(np.mean(losses)), "num-trained": len(valid),
+             "warm-start-group-sizes": sizes}
+        )
+        return p.pack_clusters(components), metrics
+
+    # --------------------------------------------------------------- evaluation
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Send all M components; each node scores its own mixture on its test split."""
+        if self.fraction_evaluate == 0.0:
+            return []
+        nodes = self.sample(grid, self.fraction_evaluate)
+        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
+
+    def summary_fields(self) -> dict[str, Any]:
+        """M, the start, warm-start groups and pi per node (from its last training round)."""
+        return {
+            "num_components": self.num_components,
+            "init": self.init,
+            "warm_start_groups": {
+                str(node): group for node, group in sorted(self.warm_start_groups.items())
+            },
+            "mixture_weights": {
+                str(node): pi.tolist() for node, pi in sorted(self.mixture_weights.items())
+            },
+        }
+
+    def summary(self) -> None:
+        """Log FedEM's settings."""
+        log(INFO, "\t├──> FedEM: M=%d components | init=%s (%d steps)", self.num_components,
+            self.init, self.init_steps)
+        super().summary()
