@@ -248,6 +248,10 @@ KEYS: tuple[ConfigKey, ...] = (
         "max-failed-rounds", 3, minimum=1,
         help="stop the run after this many training rounds in a row without a valid reply",
     ),
+    ConfigKey(
+        "plots", True,
+        help="write accuracy, assignment and similarity PNGs next to summary.json",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}
