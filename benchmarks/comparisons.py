@@ -147,9 +147,13 @@ def plot(runs: dict[str, dict[str, list[dict[str, Any]]]], path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenarios", nargs="*", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("scenarios", nargs="*", help=f"any of {list(SCENARIOS)} (default all)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
+    args.scenarios = args.scenarios or list(SCENARIOS)
     path = OUT / "comparisons.json"
     previous = json.loads(path.read_text()) if path.exists() else {}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = previous.get("runs", {})
