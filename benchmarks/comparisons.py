@@ -111,7 +111,9 @@ def analyse(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
             for label, rows in by_label.items()
         }
         entry: dict[str, Any] = {
-            "accuracy": {label: stats(list(acc.values())) for label, acc in accuracy.items()},
+            "accuracy": {
+                label: stats(list(acc.values())) for label, acc in accuracy.items() if acc
+            },
             "paired_difference": {},
         }
         for label, acc in accuracy.items():
