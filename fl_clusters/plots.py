@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from flwr.common.logger import log
 from matplotlib.colors import ListedColormap
+from matplotlib.ticker import MaxNLocator
 
 ACCURACY_PLOT = "accuracy_per_cluster.png"
 ASSIGNMENT_PLOT = "assignment_map.png"
@@ -95,6 +96,8 @@ def plot_assignment_map(
     for boundary in np.flatnonzero(np.diff(truth[order])):
         ax.axhline(boundary + 0.5, color="k", lw=0.8)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    strip.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("cluster used per round (color = cluster)", fontsize=9)
     fig.colorbar(image, ax=ax, ticks=range(10), label="cluster")
     return _save(fig, path)
