@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", help=f"any of {list(SCENARIOS)} (default all)")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 (default 5)")
+    parser.add_argument("--report", action="store_true",
+                        help="only redo the statistics and the PNG from comparisons.json")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(path.read_text()) if path.exists() else {}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = previous.get("runs", {})
     # Seed-major: a run cut short still has every strategy of its first seeds.
-    for scenario in args.scenarios:
+    for scenario in [] if args.report else args.scenarios:
         shared, strategies, _ = SCENARIOS[scenario]
         runs[scenario] = {label: [] for label in strategies}
         for seed in range(args.seeds):
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     "report": analyse(runs),
                 }
                 path.write_text(json.dumps(document, indent=2))
+    if args.report:
+        previous["report"] = analyse(runs)
+        path.write_text(json.dumps(previous, indent=2))
     plot(runs, OUT / "comparisons.png")
     print(json.dumps(analyse(runs), indent=2))
     return 0
