@@ -128,18 +128,49 @@ def analyse(runs: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     return report
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown tables (docs/results.md)."""
+    lines = []
+    for scenario, entry in report.items():
+        lines += [f"{scenario}:", "", "| strategy | seeds | mean +- std | min..max |",
+                  "|---|---|---|---|"]
+        lines += [
+            f"| {label} | {a['n']} | {a['mean']:.3f} +- {a['std']:.3f} | "
+            f"{a['min']:.3f}..{a['max']:.3f} |"
+            for label, a in entry["accuracy"].items()
+        ]
+        lines += ["", "| paired difference | seeds | mean +- std | min..max | per seed |",
+                  "|---|---|---|---|---|"]
+        lines += [
+            f"| {name} | {d['n']} | {d['mean']:+.3f} +- {d['std']:.3f} | "
+            f"{d['min']:+.3f}..{d['max']:+.3f} | "
+            + ", ".join(f"{v:+.3f}" for v in d["values"]) + " |"
+            for name, d in entry["paired_difference"].items()
+        ]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def plot(runs: dict[str, dict[str, list[dict[str, Any]]]], path: Path) -> Path:
     """One panel per scenario: each seed's accuracy per strategy, the mean as a bar."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.4), squeeze=False)
-    for ax, (scenario, by_label) in zip(axes[0], runs.items(), strict=True):
+    measured = {
+        scenario: {label: rows for label, rows in by_label.items() if rows}
+        for scenario, by_label in runs.items()
+    }
+    measured = {scenario: by_label for scenario, by_label in measured.items() if by_label}
+    fig, axes = plt.subplots(
+        1, len(measured), figsize=(4.2 * len(measured), 3.4), squeeze=False
+    )
+    for ax, (scenario, by_label) in zip(axes[0], measured.items(), strict=True):
         labels = list(by_label)
+        seeds = min(len(rows) for rows in by_label.values())
         for x, label in enumerate(labels):
             values = [r["personalized_accuracy"] for r in by_label[label]]
             ax.bar(x, np.mean(values), color="C0" if label == SCENARIOS[scenario][2] else "0.7")
             ax.scatter(np.full(len(values), x), values, color="k", s=10, zorder=3)
         ax.set_xticks(range(len(labels)), labels)
         ax.set_ylim(0, 1)
-        ax.set_title(scenario, fontsize=10)
+        ax.set_title(f"{scenario} ({seeds}+ seeds)", fontsize=10)
         ax.set_ylabel("personalized accuracy")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -188,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         previous["report"] = analyse(runs)
         path.write_text(json.dumps(previous, indent=2))
     plot(runs, OUT / "comparisons.png")
-    print(json.dumps(analyse(runs), indent=2))
+    print(markdown(analyse(runs)))
     return 0
 
 
