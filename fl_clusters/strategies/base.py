@@ -436,16 +436,17 @@ class ClusteredStrategy(Strategy):
     def _record_round(self, server_round: int, valid: list[Message]) -> None:
         """Keep which cluster each evaluated node used and each cluster's accuracy.
 
-        A node's cluster is the server's assignment, else the ``cluster-id`` its
-        reply reports (it chose among every model), else 0 (a single model).
+        A node's cluster is the ``cluster-id`` its reply reports when it chose among
+        every model (by training loss, or by MCFL's feature distance), else the
+        server's assignment, else 0 (a single model).
         """
         used: dict[int, int] = {}
         for msg in valid:
             node = msg.metadata.src_node_id
-            cluster = self.assignment_for(node)
-            if cluster is None:
-                cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, 0))  # type: ignore[arg-type]
-            used[node] = int(cluster)
+            chosen = msg.content.metric_records[p.METRICS].get(p.M_CLUSTER)
+            assigned = self.assignment_for(node)
+            cluster = chosen if chosen is not None else assigned
+            used[node] = 0 if cluster is None else int(cluster)  # type: ignore[arg-type]
         self.assignment_history[server_round] = used
         per_cluster: dict[int, float] = {}
         for cluster in sorted(set(used.values())):
