@@ -22,11 +22,13 @@ FEDSOFT = {"strategy": "fedsoft", "fedsoft-init": "local-kmeans", "fedsoft-lambd
 def test_fedsoft_beats_fedavg_on_conflicting_mixture(federation, seed: int) -> None:
     """Sources whose labels are permuted differently cannot share one network.
 
-    Measured over seeds 0-4: FedSoft recovers the two sources (ARI 1) and beats
-    FedAvg by a wide margin in every seed; the bound asks for far less.
+    Measured over seeds 0-4 (docs/results.md): FedSoft recovers the two sources
+    (ARI 1) in every seed, reaches 0.774-0.872 and beats FedAvg by +0.24 to +0.30;
+    the bounds ask for less. (IFCA and local-only beat FedSoft in every seed: not
+    asserted here, the margin to local-only is 0.01-0.02.)
     """
     fedsoft = federation({**MIXTURE, **FEDSOFT, "seed": seed})
     fedavg = federation({**MIXTURE, "strategy": "fedavg", "seed": seed})
     assert fedsoft["ari"] == pytest.approx(1.0)
-    assert fedsoft["personalized_accuracy"] > 0.75
+    assert fedsoft["personalized_accuracy"] > 0.7
     assert fedsoft["personalized_accuracy"] - fedavg["personalized_accuracy"] > 0.15
