@@ -289,6 +289,10 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey("fedem-init-steps", 100, minimum=1,
               help="FedEM local-kmeans start: local SGD steps of the warm-start round"),
+    ConfigKey(
+        "plots", True,
+        help="write accuracy, assignment and similarity PNGs next to summary.json",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}

@@ -92,6 +92,7 @@ TRAIN_FIELDS: Mapping[str, MetricField] = {M_TRAIN_LOSS: MetricField()}
 EVALUATE_FIELDS: Mapping[str, MetricField] = {
     M_ACCURACY: MetricField(low=0.0, high=1.0),
     M_LOSS: MetricField(),
+    M_CLUSTER: MetricField(integer=True, low=0.0, required=False),
 }
 
 

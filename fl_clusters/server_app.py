@@ -32,6 +32,7 @@ from fl_clusters.metrics import (
     soft_clustering_scores,
 )
 from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.plots import write_run_plots
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.registry import build_strategy
 
@@ -166,6 +167,14 @@ def collect_report(
     return sorted(rows, key=lambda r: r.get("partition-id", r["node-id"])), answered
 
 
+def accuracy_by_round(result: Result) -> dict[int, float]:
+    """Round -> personalized accuracy of the evaluated nodes (rounds that have one)."""
+    return {
+        r: float(m[p.M_ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()
+        if p.M_ACCURACY in m
+    }
+
+
 def summarize(
     rows: list[dict[str, Any]], result: Result, strategy_name: str, settings: Mapping
 ) -> dict[str, Any]:
@@ -194,10 +203,7 @@ def summarize(
         )
     ari, nmi = recovery_scores(truth, assigned)
     intra, inter = intra_inter_accuracy(accuracy, truth, np.repeat(assigned[:, None], n, axis=1))
-    history = {
-        r: float(m[p.M_ACCURACY]) for r, m in result.evaluate_metrics_clientapp.items()
-        if p.M_ACCURACY in m
-    }
+    history = accuracy_by_round(result)
     return {
         "strategy": strategy_name,
         "num_clients": n,
@@ -271,6 +277,49 @@ def strategy_fields(strategy: Strategy, rows: list[dict[str, Any]]) -> dict[str,
         if features is not None:
             fields.update(mcfl_scores(rows, features))
     return fields
+
+
+def history_fields(strategy: Strategy, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-round cluster use and accuracy, in the clients' order of ``summary.json``.
+
+    ``assignment_history[r][i]`` is the cluster client ``i`` used in round ``r + 1``
+    (``None`` when it was not evaluated); ``cluster_accuracy_history[r][j]`` the
+    accuracy of cluster ``j``'s users that round (``None`` when it had none). Empty
+    for strategies that are not clustered (FedAvg, FedProx).
+    """
+    if not isinstance(strategy, ClusteredStrategy):
+        return {}
+    nodes = [row["node-id"] for row in rows]
+    rounds = sorted(strategy.assignment_history)
+    num_clusters = len(rows[0]["test-accuracy"])
+    return {
+        "assignment_history": [
+            [strategy.assignment_history[r].get(node) for node in nodes] for r in rounds
+        ],
+        "cluster_accuracy_history": [
+            [strategy.cluster_accuracy_history[r].get(j) for j in range(num_clusters)]
+            for r in rounds
+        ],
+    }
+
+
+def similarity_in_row_order(
+    strategy: Strategy, rows: list[dict[str, Any]]
+) -> np.ndarray | None:
+    """The strategy's final client similarity reordered to the rows' clients, if it has one.
+
+    Clients the strategy did not compare (e.g. never sampled) get NaN rows.
+    """
+    found = strategy.similarity_matrix() if isinstance(strategy, ClusteredStrategy) else None
+    if found is None:
+        return None
+    node_ids, matrix = found
+    position = {node: i for i, node in enumerate(node_ids)}
+    index = np.array([position.get(row["node-id"], -1) for row in rows])
+    full = np.asarray(matrix, dtype=float)[np.ix_(np.maximum(index, 0), np.maximum(index, 0))]
+    full[index < 0, :] = np.nan
+    full[:, index < 0] = np.nan
+    return full
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -379,6 +428,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     summary = summarize(rows, result, settings["strategy"], settings)
     summary.update(strategy_fields(strategy, rows))
     summary.update(node_fields(nodes, final_nodes, metered.nodes_seen, rows, answered))
+    summary.update(history_fields(strategy, rows))
     summary.update(
         wall_time_s=time.time() - start,
         bytes_sent=metered.bytes_sent,
@@ -392,6 +442,10 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     write_results(folder, settings, result, metered, rows, summary)
     if isinstance(strategy, ClusteredStrategy):
         strategy.write_artifacts(folder)
+    if settings["plots"]:
+        truth = [row.get("true-cluster", 0) for row in rows]
+        write_run_plots(folder, summary, accuracy_by_round(result), truth,
+                        similarity_in_row_order(strategy, rows))
     print_summary(summary, folder)
     return folder
 

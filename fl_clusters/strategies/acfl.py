@@ -318,6 +318,12 @@ class ACFL(HardClusteredStrategy):
         return scores
 
     # ------------------------------------------------------------------ summary
+    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
+        """Cosine similarity of the phase-1 updates ACFL clustered (or last saw)."""
+        if not self._last_nodes:
+            return None
+        return list(self._last_nodes), pairwise_cosine(self._last_updates)
+
     def summary_fields(self) -> dict[str, Any]:
         """Trial federations spent on clustering, the round it happened, clusters found."""
         return {

@@ -139,6 +139,10 @@ class ClusteredStrategy(Strategy):
         self._handshake = False
         self.node_features: dict[int, np.ndarray] = {}
         self.rejected_replies = 0
+        # Per evaluation round: the cluster each evaluated node used, and each
+        # cluster's example-weighted accuracy (for the run's plots and summary).
+        self.assignment_history: dict[int, dict[int, int]] = {}
+        self.cluster_accuracy_history: dict[int, dict[int, float]] = {}
 
     # ------------------------------------------------------------------ helpers
     def assignment_for(self, node_id: int) -> int | None:
@@ -482,6 +486,7 @@ class ClusteredStrategy(Strategy):
         weights = np.array([self.num_examples(m) for m in valid])
         metrics = [m.content.metric_records[p.METRICS] for m in valid]
         accuracy = float(np.average([float(m[p.M_ACCURACY]) for m in metrics], weights=weights))
+        self._record_round(server_round, valid)
         loss = float(np.average([float(m[p.M_LOSS]) for m in metrics], weights=weights))
         sizes = np.bincount(list(self.assignments.values())) if self.assignments else []
         log(
@@ -492,6 +497,39 @@ class ClusteredStrategy(Strategy):
         return MetricRecord(
             {p.M_ACCURACY: accuracy, p.M_LOSS: loss, p.M_NUM_EXAMPLES: float(weights.sum())}
         )
+
+    def _record_round(self, server_round: int, valid: list[Message]) -> None:
+        """Keep which cluster each evaluated node used and each cluster's accuracy.
+
+        A node's cluster is the ``cluster-id`` its reply reports when it chose among
+        every model (by training loss, or by MCFL's feature distance), else the
+        server's assignment, else 0 (a single model).
+        """
+        used: dict[int, int] = {}
+        for msg in valid:
+            node = msg.metadata.src_node_id
+            chosen = msg.content.metric_records[p.METRICS].get(p.M_CLUSTER)
+            assigned = self.assignment_for(node)
+            cluster = chosen if chosen is not None else assigned
+            used[node] = 0 if cluster is None else int(cluster)  # type: ignore[arg-type]
+        self.assignment_history[server_round] = used
+        per_cluster: dict[int, float] = {}
+        for cluster in sorted(set(used.values())):
+            members = [m for m in valid if used[m.metadata.src_node_id] == cluster]
+            per_cluster[cluster] = float(np.average(
+                [float(m.content.metric_records[p.METRICS][p.M_ACCURACY]) for m in members],  # type: ignore[arg-type]
+                weights=[self.num_examples(m) for m in members],
+            ))
+        self.cluster_accuracy_history[server_round] = per_cluster
+
+    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
+        """The final pairwise similarity of the clients the strategy clustered.
+
+        Strategies that compute one (cosine similarity of updates...) override this
+        and return the node ids of the rows with the (n, n) matrix, so that the run
+        plots it; ``None`` (the default) means there is none.
+        """
+        return None
 
     def summary_fields(self) -> dict[str, Any]:
         """Strategy-specific entries for the run's ``summary.json`` (JSON-serializable).
