@@ -47,14 +47,20 @@ STRUCTURES: dict[str, dict[str, Any]] = {
         "cluster-structure": "rotation", "num-clusters": 4, "group-sizes": "0.4,0.3,0.2,0.1",
     },
     "rotation-mixture": {"cluster-structure": "rotation-mixture", "num-clusters": 2},
+    "label-permutation-mixture": {
+        "cluster-structure": "label-permutation-mixture", "num-clusters": 2,
+    },
 }
-MIXTURES = ("rotation-mixture",)
+MIXTURES = ("rotation-mixture", "label-permutation-mixture")
+# Soft strategies run on the mixtures only; hard ones on the group structures only.
+SOFT = ("fedsoft", "fedem")
 DATASETS = ("digits", "fashion-mnist")
 MODELS = ("mlp", "cnn")
 BASELINES = ("fedavg", "local")
 # Digits: 20 clients of ~63 samples; Fashion-MNIST: 20 clients of ~2,800.
 CLIENTS = 20
-ROUNDS = {"ifca": 15, "cfl": 25, "acfl": 20, "fedsoft": 30, "flhc": 15, "wecfl": 15}
+ROUNDS = {"ifca": 15, "cfl": 25, "acfl": 20, "fedsoft": 30, "flhc": 15, "wecfl": 15,
+          "fedem": 20}
 DATA_SETTINGS = {"fashion-mnist": {"acfl-trial-epochs": 3}}
 
 
@@ -185,7 +191,7 @@ def main(argv: list[str]) -> None:
                 for structure in args.structure:
                     for seed in args.seeds:
                         for strategy in strategies:
-                            if (strategy == "fedsoft") != (structure in MIXTURES) and \
+                            if (strategy in SOFT) != (structure in MIXTURES) and \
                                     strategy not in BASELINES:
                                 continue
                             key = cell_key(strategy, structure, data, model, seed)
