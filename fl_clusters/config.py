@@ -231,7 +231,7 @@ KEYS: tuple[ConfigKey, ...] = (
         help="CFL relative gate: eps1 = this x the largest update norm of the first rounds",
     ),
     ConfigKey(
-        "cfl-max-ratio", 0.9, minimum=0.0,
+        "cfl-max-ratio", 0.6, minimum=0.0,
         help="CFL relative gate: eps2 = this x the largest update norm of the first rounds",
     ),
     ConfigKey(

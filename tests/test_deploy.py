@@ -488,6 +488,44 @@ def test_insecure_deployment_warns_and_refuses_a_second_start(
 
 
 
+def stream_run(deployment: Deployment, run_config: str,
+               at_round: tuple[int, Callable[[], None]]) -> tuple[str, float]:
+    """``flwr run --stream`` on the deployment; call ``at_round[1]`` when that round starts.
+
+    Returns the streamed output and the seconds the run took.
+    """
+    env = {**os.environ, "FLWR_HOME": str(deployment.state_dir / "flwr-home"),
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    began = time.monotonic()
+    run = subprocess.Popen(
+        [str(VENV_BIN / "flwr"), "run", str(REPO), "fl-clusters", "--stream",
+         "--run-config", run_config],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+    )
+    output: list[str] = []
+    acted = False
+    assert run.stdout is not None
+    for line in run.stdout:
+        output.append(line)
+        if not acted and f"[ROUND {at_round[0]}/" in line:
+            at_round[1]()
+            acted = True
+        if time.monotonic() - began > RUN_TIMEOUT:
+            run.kill()
+            break
+    run.wait(timeout=60)
+    text = "".join(output)
+    assert acted, text[-3000:]
+    return text, time.monotonic() - began
+
+
+def only_summary(results_dir: Path, text: str, deployment: Deployment) -> dict:
+    """The run's one summary.json (its absence fails with the logs)."""
+    summaries = sorted(results_dir.glob("*/summary.json"))
+    assert len(summaries) == 1, text[-4000:] + deployment.log_tails()
+    return json.loads(summaries[0].read_text())
+
+
 @pytest.mark.slow
 def test_a_supernode_killed_in_round_2_leaves_the_run_to_the_other_three(
     tmp_path: Path, deployment_factory
@@ -502,34 +540,52 @@ def test_a_supernode_killed_in_round_2_leaves_the_run_to_the_other_three(
     run_config = (f"strategy='ifca' num-rounds=3 min-nodes=3 num-clusters=2 "
                   f"ifca-init='random' ifca-restarts=1 round-timeout=30.0 "
                   f"results-dir='{results_dir}'")
-    env = {**os.environ, "FLWR_HOME": str(deployment.state_dir / "flwr-home"),
-           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
-    began = time.monotonic()
-    run = subprocess.Popen(
-        [str(VENV_BIN / "flwr"), "run", str(REPO), "fl-clusters", "--stream",
-         "--run-config", run_config],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
-    )
-    output: list[str] = []
-    killed = False
-    assert run.stdout is not None
-    for line in run.stdout:
-        output.append(line)
-        if not killed and "[ROUND 2/" in line:
-            os.kill(victim, 9)
-            killed = True
-        if time.monotonic() - began > RUN_TIMEOUT:
-            run.kill()
-            break
-    run.wait(timeout=60)
-    text = "".join(output)
-    assert killed, text[-3000:]
-    summaries = sorted(results_dir.glob("*/summary.json"))
-    assert len(summaries) == 1, text[-4000:] + deployment.log_tails()
-    summary = json.loads(summaries[0].read_text())
+    text, seconds = stream_run(deployment, run_config, (2, lambda: os.kill(victim, 9)))
+    summary = only_summary(results_dir, text, deployment)
     assert summary["num_clients"] == 3
     assert len(summary["lost_nodes"]) == 1
     assert summary["unanswered_messages"] >= 1
     assert summary["num_rounds"] == 3
     report_timings("kill one of 4 SuperNodes in round 2 (3 rounds)",
-                   {**deployment.timings, "run": time.monotonic() - began})
+                   {**deployment.timings, "run": seconds})
+
+
+@pytest.mark.slow
+def test_a_supernode_that_joins_in_round_3_is_assigned_and_reported(
+    tmp_path: Path, deployment_factory
+) -> None:
+    """Three SuperNodes run; a fourth starts when round 3 begins. It is trained and
+    evaluated in the later rounds, gets a cluster by IFCA's rule (loss) and is
+    reported as late."""
+    deployment: Deployment = deployment_factory(3)
+    result = deployment.start("--insecure", "--skip-check")
+    assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
+    results_dir = tmp_path / "results"
+    run_config = (f"strategy='ifca' num-rounds=5 min-nodes=3 num-clusters=2 "
+                  f"ifca-init='random' ifca-restarts=1 round-timeout=60.0 "
+                  f"results-dir='{results_dir}'")
+
+    def join() -> None:
+        # Partition 3 of 4: the first three nodes hold partitions of 3, so the
+        # newcomer's data are a real, different slice of the same data set.
+        joined = script("start-node.sh", "--state-dir", str(deployment.state_dir),
+                        "--partition-id", "3", "--num-partitions", "4", "--insecure",
+                        "--skip-check", "--port", str(free_port()), "--name", "supernode-late")
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+
+    text, seconds = stream_run(deployment, run_config, (3, join))
+    summary = only_summary(results_dir, text, deployment)
+    assert summary["num_clients"] == 4, summary
+    assert len(summary["late_nodes"]) == 1, summary
+    assert summary["lost_nodes"] == [], summary
+    # Every client, the newcomer included, was evaluated with a cluster in round 5.
+    assert None not in summary["assignment_history"][-1], summary["assignment_history"]
+    rows = next(results_dir.glob("*/assignments.csv")).read_text().splitlines()
+    header, late = rows[0].split(","), [r.split(",") for r in rows[1:] if r.endswith(",1")]
+    assert len(late) == 1, rows
+    row = dict(zip(header, late[0], strict=True))
+    assert int(row["node_id"]) == summary["late_nodes"][0]
+    assert row["assigned_cluster"] in {"0", "1"}, row
+    assert 0.0 <= float(row["personal_accuracy"]) <= 1.0, row
+    report_timings("a 4th SuperNode joins at round 3 (5 rounds)",
+                   {**deployment.timings, "run": seconds})

@@ -17,6 +17,9 @@ COMPARED = ("ari", "personalized_accuracy", "per_client_accuracy", "cluster_accu
 @pytest.mark.parametrize("strategy", [
     {"strategy": "ifca", "num-clusters": 4},
     {"strategy": "cfl"},
+    # FedSoft and FLDC draw among their own known nodes: ordered by key, not by id.
+    {"strategy": "fedsoft", "num-clusters": 2},
+    {"strategy": "fldc"},
 ])
 def test_two_runs_with_the_same_seed_give_identical_results(
     federation: Federation, strategy: dict[str, Any]

@@ -208,7 +208,7 @@ class FedSoft(ClusteredStrategy):
             log(WARNING, "round %d: no node has importance weights; nothing to train",
                 server_round)
             return []
-        nodes = sorted(self.importance)
+        nodes = sorted(self.importance, key=self.node_order)
         u = np.stack([self.importance[node] for node in nodes])
         sizes = np.array([self.num_train_examples[node] for node in nodes])
         drawn = sample_per_cluster(

@@ -128,7 +128,7 @@ class FLDC(ClusteredStrategy):
                     f"min_pts={self.min_pts}; lower 'fldc-min-pts' or add nodes"
                 )
         else:
-            known = sorted(self._strata)
+            known = sorted(self._strata, key=self.node_order)
             chosen = stratified_sample(
                 np.array([self._strata[node] for node in known], dtype=np.int64),
                 self.r,
