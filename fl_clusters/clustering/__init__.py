@@ -46,6 +46,7 @@ from fl_clusters.clustering.ordering import (
     order_by_similarity,
 )
 from fl_clusters.clustering.similarity import (
+    closest_direction,
     flatten_models,
     model_updates,
     pairwise_cosine,
@@ -66,6 +67,7 @@ __all__ = [
     "assign_by_loss",
     "best_fit_counts",
     "bipartition_by_cosine",
+    "closest_direction",
     "cluster_feature_means",
     "decide_cfl_split",
     "e_step",

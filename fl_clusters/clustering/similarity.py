@@ -114,6 +114,35 @@ def pairwise_cosine(vectors: np.ndarray) -> np.ndarray:
     return np.clip(similarity, -1.0, 1.0)
 
 
+def closest_direction(update: np.ndarray, directions: np.ndarray) -> int:
+    """Index of the direction with the largest cosine similarity to ``update``.
+
+    CFL places a client that joins after a split by this test: its update from
+    the split's model is compared with the mean update of each side.
+
+    Parameters
+    ----------
+    update : np.ndarray
+        (D,) the client's update.
+    directions : np.ndarray
+        (K, D) candidate directions, K >= 1 (e.g. each side's mean update).
+
+    Returns
+    -------
+    int
+        Row of ``directions`` most similar to ``update``; ties go to the first.
+    """
+    vector = _finite_matrix("update", np.asarray(update)[None, :])
+    candidates = _finite_matrix("directions", np.asarray(directions))
+    if candidates.shape[0] < 1 or candidates.shape[1] != vector.shape[1]:
+        raise ValueError(
+            f"directions has shape {candidates.shape}; it needs >= 1 row of the "
+            f"update's length {vector.shape[1]}"
+        )
+    similarity = pairwise_cosine(np.vstack([vector, candidates]))[0, 1:]
+    return int(np.argmax(similarity))
+
+
 def update_norms(updates: np.ndarray) -> tuple[float, float]:
     """CFL's split criteria: norm of the mean update and the largest client update norm.
 

@@ -581,14 +581,20 @@ class HardClusteredStrategy(ClusteredStrategy):
         return self.assignments.get(node)
 
     def assigned_train_messages(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        grid: Grid,
+        nodes: list[int] | None = None,
     ) -> list[Message]:
-        """One train message per sampled node, carrying its cluster's model."""
+        """One train message per sampled node (or per node of ``nodes``), carrying its
+        cluster's model."""
         self._models = p.unpack_clusters(arrays)
         if self.fraction_train == 0.0:
             return []
         contents: dict[int, RecordDict] = {}
-        for node in self.sample(grid, self.fraction_train):
+        for node in self.sample(grid, self.fraction_train) if nodes is None else nodes:
             node_config = ConfigRecord(dict(config))
             node_config[p.CFG_ROUND] = server_round
             cluster = self.cluster_of(node)

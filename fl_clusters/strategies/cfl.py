@@ -3,16 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO
+from dataclasses import dataclass
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
-from fl_clusters.clustering import decide_cfl_split, relative_split_gate, update_norms
+from fl_clusters import protocol as p
+from fl_clusters.clustering import (
+    closest_direction,
+    decide_cfl_split,
+    relative_split_gate,
+    update_norms,
+)
 from fl_clusters.strategies.base import HardClusteredStrategy
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """One split of CFL's cluster tree: what a newcomer is compared against.
+
+    Parameters
+    ----------
+    cluster : int
+        The cluster that split; its first part keeps this number.
+    new_cluster : int
+        The number of the second part.
+    model : ArrayRecord
+        The cluster's model the members had trained from when it split.
+    directions : np.ndarray
+        (2, D) mean update of each part in that round (kept part first).
+    """
+
+    cluster: int
+    new_cluster: int
+    model: ArrayRecord
+    directions: np.ndarray
 
 
 class CFL(HardClusteredStrategy):
@@ -36,6 +65,13 @@ class CFL(HardClusteredStrategy):
 
     A cluster of fewer than three trained members never splits (the authors'
     rule: two members would become two single clients).
+
+    A node without a cluster after the first split (it joined late, or missed
+    its cluster's split) is placed down the split tree as the paper describes:
+    at each split it trains once from the model the cluster had then, and
+    follows the part whose mean update its own update is most similar to
+    (cosine). A node that does not answer the placement picks among all cluster
+    models by training loss instead, which is logged.
 
     Parameters
     ----------
@@ -122,14 +158,59 @@ class CFL(HardClusteredStrategy):
         self.split_threshold = split_threshold
         self.warmup_rounds = warmup_rounds
         self.split_rounds: list[int] = []
+        self.splits: list[SplitRecord] = []
+        self.placed_nodes: dict[int, int] = {}
         # Largest client update norm of the first rounds: the relative gate's scale.
         self.reference_norm = 0.0
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send every sampled node its cluster's model."""
-        return self.assigned_train_messages(server_round, arrays, config, grid)
+        """Send every sampled node its cluster's model, placing newcomers first."""
+        nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
+        newcomers = [n for n in nodes if n not in self.assignments]
+        if self.splits and newcomers:
+            self._place_by_split_tree(server_round, newcomers, config, grid)
+        return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
+
+    def _place_by_split_tree(
+        self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
+    ) -> None:
+        """Walk each node down the split tree by the similarity of its updates."""
+        position = {node: (0, 0) for node in nodes}  # node -> (cluster, next split to test)
+        while True:
+            pending: dict[int, int] = {}
+            for node, (cluster, first) in position.items():
+                later = [i for i in range(first, len(self.splits))
+                         if self.splits[i].cluster == cluster]
+                if later:
+                    pending[node] = later[0]
+            if not pending:
+                break
+            contents = {}
+            for node, index in pending.items():
+                node_config = ConfigRecord(dict(config))
+                node_config[p.CFG_ROUND] = server_round
+                node_config[p.CFG_ASSIGNED] = self.splits[index].cluster
+                contents[node] = RecordDict({p.ARRAYS: self.splits[index].model,
+                                             p.CONFIG: node_config})
+            replies = self.send(grid, self.build_messages(contents, MessageType.TRAIN))
+            answered = set()
+            for msg in self.check_replies(replies, self.splits[0].model, "cfl placement"):
+                node = msg.metadata.src_node_id
+                split = self.splits[pending[node]]
+                side = closest_direction(self.updates([msg], split.model)[0], split.directions)
+                position[node] = (split.new_cluster if side else split.cluster, pending[node] + 1)
+                answered.add(node)
+            for node in set(pending) - answered:
+                del position[node]
+                log(WARNING, "round %d: node %d gave no usable update for its placement: "
+                    "it picks a cluster by training loss", server_round, node)
+        for node, (cluster, _) in position.items():
+            self.assignments[node] = cluster
+            self.placed_nodes[node] = cluster
+            log(INFO, "round %d: node %d placed in cluster %d down the split tree",
+                server_round, node, cluster)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -157,6 +238,11 @@ class CFL(HardClusteredStrategy):
                 groups[cluster] = trained
                 continue
             new_cluster = len(models)
+            labels = np.asarray(decision.labels)
+            self.splits.append(SplitRecord(
+                cluster, new_cluster, models[cluster],
+                np.stack([updates[labels == 0].mean(axis=0), updates[labels == 1].mean(axis=0)]),
+            ))
             models.append(models[cluster])
             sides = list(zip(trained, decision.labels, strict=True))
             groups[cluster] = [m for m, side in sides if side == 0]
@@ -197,6 +283,7 @@ class CFL(HardClusteredStrategy):
         """Rounds in which a cluster split, and the number of clusters found."""
         return {
             "split_rounds": list(self.split_rounds),
+            "placed_by_split_tree": len(self.placed_nodes),
             "reference_norm": self.reference_norm,
             **super().summary_fields(),
         }

@@ -1,0 +1,94 @@
+"""Nodes that join after CFL has split are placed down its split tree (Sattler et al.)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fl_clusters import protocol as p
+from fl_clusters.clustering import closest_direction
+from fl_clusters.strategies import CFL
+
+NAMES = ["body.weight", "head.bias"]
+# The two groups pull the head in opposite directions.
+GROUP_B = {4, 5, 6, 7}
+SILENT = {8}
+
+
+@pytest.fixture
+def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run identity Flower gives a ServerApp process; Message() needs it."""
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def _trained(start: ArrayRecord, node: int) -> ArrayRecord:
+    """The model ``node`` returns: its group's direction plus a little noise."""
+    sign = -1.0 if node in GROUP_B else 1.0
+    head = 0.01 * sign * np.array([1.0, 0.5, 0.0, 0.0])
+    head = head + np.random.default_rng(node).normal(scale=0.001, size=4)
+    arrays = [start[n].numpy() for n in NAMES]
+    return p.numpy_to_record(NAMES, [arrays[0], (arrays[1] + head).astype(np.float32)])
+
+
+def _reply(request: Message) -> Message:
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5})
+    start = request.content.array_records[p.ARRAYS]
+    return Message(RecordDict({p.ARRAYS: _trained(start, request.metadata.dst_node_id),
+                               p.METRICS: metrics}), reply_to=request)
+
+
+class GrowingGrid:
+    """A grid whose node set the test sets; it answers placement trainings, except SILENT."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+        self.placements: list[int] = []
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
+        replies = []
+        for msg in messages:
+            assert msg.metadata.message_type == "train"
+            self.placements.append(msg.metadata.dst_node_id)
+            if msg.metadata.dst_node_id not in SILENT:
+                replies.append(_reply(msg))
+        return replies
+
+
+def test_closest_direction_picks_the_most_similar_row() -> None:
+    directions = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    assert closest_direction(np.array([0.2, 1.0]), directions) == 1
+    assert closest_direction(np.array([-3.0, 0.1]), directions) == 2
+    with pytest.raises(ValueError, match="directions"):
+        closest_direction(np.array([1.0, 0.0]), np.ones((2, 3)))
+
+
+def test_a_node_joining_after_the_split_follows_its_group(server_identity: None) -> None:
+    cfl = CFL(gate="absolute", eps1=10.0, eps2=0.0, warmup_rounds=0, min_available_nodes=6)
+    start = p.numpy_to_record(NAMES, [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)])
+    grid = GrowingGrid(list(range(1, 7)))
+    requests = list(cfl.configure_train(1, p.pack_clusters([start]), ConfigRecord(), grid))  # type: ignore[arg-type]
+    packed, _ = cfl.aggregate_train(1, [_reply(r) for r in requests])
+    assert packed is not None and cfl.split_rounds == [1]
+    group_b_cluster = cfl.assignments[4]
+    assert {cfl.assignments[n] for n in GROUP_B - {7}} == {group_b_cluster}
+    assert {cfl.assignments[n] for n in (1, 2, 3)} == {1 - group_b_cluster}
+    assert grid.placements == []  # nobody is placed before a split exists
+
+    grid.nodes = list(range(1, 9))  # nodes 7 (group B) and 8 (silent) join
+    requests = list(cfl.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert sorted(grid.placements) == [7, 8]
+    assert cfl.assignments[7] == group_b_cluster
+    assert 8 not in cfl.assignments
+    sent = {r.metadata.dst_node_id: r.content for r in requests}
+    assert sent[7][p.CONFIG][p.CFG_ASSIGNED] == group_b_cluster
+    # The silent newcomer still trains: it picks among all models by loss.
+    assert p.CLUSTERS in sent[8] and p.CFG_ASSIGNED not in sent[8][p.CONFIG]
+    assert cfl.summary_fields()["placed_by_split_tree"] == 1
