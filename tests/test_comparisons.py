@@ -23,12 +23,36 @@ def test_fedsoft_beats_fedavg_on_conflicting_mixture(federation, seed: int) -> N
     """Sources whose labels are permuted differently cannot share one network.
 
     Measured over seeds 0-4 (docs/results.md): FedSoft recovers the two sources
-    (ARI 1) in every seed, reaches 0.774-0.872 and beats FedAvg by +0.24 to +0.30;
+    (ARI 1) in every seed, reaches 0.779-0.861 and beats FedAvg by +0.23 to +0.33;
     the bounds ask for less. (IFCA and local-only beat FedSoft in every seed: not
-    asserted here, the margin to local-only is 0.01-0.02.)
+    asserted here, the margin to local-only is 0.01-0.03.)
     """
     fedsoft = federation({**MIXTURE, **FEDSOFT, "seed": seed})
     fedavg = federation({**MIXTURE, "strategy": "fedavg", "seed": seed})
     assert fedsoft["ari"] == pytest.approx(1.0)
     assert fedsoft["personalized_accuracy"] > 0.7
     assert fedsoft["personalized_accuracy"] - fedavg["personalized_accuracy"] > 0.15
+
+
+# benchmarks/comparisons.py: the strata scenario (FedAvg samples FLDC's 20 % a round).
+STRATA = {
+    "cluster-structure": "rotation", "num-clusters": 4, "copy-per-group": True,
+    "num-rounds": 20, "plots": False,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fldc_finds_rotation_strata_and_does_not_lose_to_fedavg(federation, seed: int) -> None:
+    """Four rotation groups, no label skew: DBSCAN has strata to find.
+
+    Measured over seeds 0-4 (docs/results.md): 3-4 clusters, ARI 0.71-1.0 (seed 0
+    is the weakest: 3 clusters, ARI 0.71); FLDC minus FedAvg -0.013..+0.056, a tie
+    on average. Asserted: the strata are found, and FLDC is not worse than FedAvg
+    by more than 0.04.
+    """
+    fldc = federation({**STRATA, "strategy": "fldc", "seed": seed})
+    fedavg = federation({**STRATA, "strategy": "fedavg", "fraction-train": 0.2, "seed": seed})
+    assert fldc["num_clusters_found"] >= 3, fldc
+    assert fldc["ari"] >= 0.6, fldc
+    assert fldc["personalized_accuracy"] - fedavg["personalized_accuracy"] > -0.04
