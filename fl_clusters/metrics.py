@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,10 @@ class MeteredGrid(Grid):
     Flower's own included, without touching it. Traffic is tallied per
     ``server-round`` (read from the outgoing config, 0 when absent).
 
+    With ``node_order`` set it also lists nodes and returns replies in that order,
+    so a strategy that draws among the listed nodes by position (Flower's FedAvg
+    with a seeded ``random``) or sums replies in arrival order repeats its run.
+
     Parameters
     ----------
     grid : Grid
@@ -85,6 +89,7 @@ class MeteredGrid(Grid):
 
     def __init__(self, grid: Grid) -> None:
         self._grid = grid
+        self.node_order: Callable[[int], Any] | None = None
         self.sent: dict[int, int] = defaultdict(int)
         self.received: dict[int, int] = defaultdict(int)
         # Messages whose reply did not come before the timeout (late, or the node left).
@@ -119,7 +124,7 @@ class MeteredGrid(Grid):
         """Delegate to the wrapped grid, remembering every node it lists."""
         nodes = list(self._grid.get_node_ids())
         self.nodes_seen.update(nodes)
-        return nodes
+        return nodes if self.node_order is None else sorted(nodes, key=self.node_order)
 
     def get_nodes(self):  # type: ignore[no-untyped-def]
         """Delegate to the wrapped grid."""
@@ -146,6 +151,8 @@ class MeteredGrid(Grid):
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self._count_received(replies, server_round)
         self.unanswered += max(0, len(messages) - len(replies))
+        if self.node_order is not None:
+            replies.sort(key=lambda m: self.node_order(m.metadata.src_node_id))  # type: ignore[misc]
         return replies
 
     def _count_sent(self, messages: list[Message]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 import uuid
@@ -33,7 +34,7 @@ from fl_clusters.metrics import (
 )
 from fl_clusters.models import build_model, model_to_arrays
 from fl_clusters.plots import write_run_plots
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.base import ClusteredStrategy, ask_node_keys, key_order
 from fl_clusters.strategies.registry import build_strategy
 
 NODE_WAIT_S = 60.0
@@ -412,6 +413,14 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     # on with the nodes that are there when one leaves.
     full = {**settings, "min-available-nodes": settings["min-nodes"]}
     strategy = build_strategy(full)
+    if not isinstance(strategy, ClusteredStrategy):
+        # Flower's FedAvg/FedProx draw nodes with Python's random among the nodes the
+        # grid lists, and sum replies in arrival order; simulated node ids are random
+        # per run. Listing nodes and replies in handshake-key order and seeding random
+        # makes the same seed repeat the run, without touching Flower's strategy.
+        keys = ask_node_keys(metered, nodes, settings["round-timeout"])
+        metered.node_order = lambda node: key_order(keys, node)
+        random.seed(settings["seed"])
     result = strategy.start(
         grid=metered,
         initial_arrays=initial_arrays(settings),

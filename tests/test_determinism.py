@@ -20,6 +20,9 @@ COMPARED = ("ari", "personalized_accuracy", "per_client_accuracy", "cluster_accu
     # FedSoft and FLDC draw among their own known nodes: ordered by key, not by id.
     {"strategy": "fedsoft", "num-clusters": 2},
     {"strategy": "fldc"},
+    # Flower's FedAvg, unchanged: the ServerApp lists nodes and replies in key order
+    # and seeds Python's random, which FedAvg samples with.
+    {"strategy": "fedavg"},
 ])
 def test_two_runs_with_the_same_seed_give_identical_results(
     federation: Federation, strategy: dict[str, Any]

@@ -50,6 +50,60 @@ def per_cluster_evaluate(evaluate_fn: EvaluateFn) -> EvaluateFn:
 TRAINING_STAGES = ("aggregate_train", "ifca warm start", "fedsoft warm start")
 
 
+def key_order(keys: Mapping[int, int | None], node: int) -> tuple[int, int, int]:
+    """Sort key of ``node``: its handshake key, then (for nodes without one) its id.
+
+    Parameters
+    ----------
+    keys : Mapping[int, int | None]
+        Node id -> stable key from :func:`ask_node_keys` (``None``: it gave none).
+    node : int
+        The node id.
+    """
+    key = keys.get(node)
+    return (0, key, node) if key is not None else (1, 0, node)
+
+
+def ask_node_keys(grid: Grid, nodes: Iterable[int], timeout: float | None) -> dict[int, int | None]:
+    """Ask ``nodes`` for their stable key (``query.identity``), waiting at most ``timeout``.
+
+    A node whose app has no identity handler, or that answers with no whole
+    ``node-key`` >= 0, is logged once and gets ``None``: it is ordered after the
+    keyed nodes by its (random) id.
+
+    Parameters
+    ----------
+    grid : Grid
+        The grid to ask through.
+    nodes : Iterable[int]
+        Node ids to ask.
+    timeout : float | None
+        Seconds to wait for the replies.
+    """
+    nodes = list(nodes)
+    queries = [
+        Message(content=RecordDict({p.CONFIG: ConfigRecord()}), dst_node_id=node,
+                message_type=p.QUERY_IDENTITY)
+        for node in nodes
+    ]
+    keys: dict[int, int | None] = dict.fromkeys(nodes)
+    field = p.MetricField(integer=True, low=0.0)
+    for msg in grid.send_and_receive(queries, timeout=timeout):
+        node = msg.metadata.src_node_id
+        metrics = None if msg.has_error() else msg.content.metric_records.get(p.METRICS)
+        problem = (
+            f"client error ({msg.error.reason})" if msg.has_error()
+            else f"no '{p.METRICS}' record" if metrics is None
+            else p.field_problem(metrics, p.M_NODE_KEY, field)
+        )
+        if problem is None:
+            keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
+        else:
+            log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
+                "random node id, so runs with it may not repeat", node, problem)
+    return keys
+
+
 class ClusteredStrategy(Strategy):
     """Base of the clustered strategies: k cluster models in one packed ArrayRecord.
 
@@ -151,37 +205,16 @@ class ClusteredStrategy(Strategy):
 
     def node_order(self, node: int) -> tuple[int, int, int]:
         """Sort key of a node: its handshake key, then (for nodes without one) its id."""
-        key = self.node_keys.get(node)
-        return (0, key, node) if key is not None else (1, 0, node)
+        return key_order(self.node_keys, node)
 
     def learn_node_keys(self, grid: Grid, nodes: Iterable[int]) -> None:
         """Ask the nodes not seen before for their stable key (``query.identity``).
 
-        A node whose app has no identity handler, or that answers with no whole
-        ``node-key`` >= 0, is logged once and ordered after the keyed nodes by id.
+        See :func:`ask_node_keys`; the round timeout bounds the wait.
         """
         missing = sorted(set(nodes) - set(self.node_keys))
-        if not missing:
-            return
-        replies = self.send(grid, self.build_messages(
-            {node: RecordDict({p.CONFIG: ConfigRecord()}) for node in missing}, p.QUERY_IDENTITY
-        ))
-        field = p.MetricField(integer=True, low=0.0)
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            metrics = None if msg.has_error() else msg.content.metric_records.get(p.METRICS)
-            problem = (
-                f"client error ({msg.error.reason})" if msg.has_error()
-                else f"no '{p.METRICS}' record" if metrics is None
-                else p.field_problem(metrics, p.M_NODE_KEY, field)
-            )
-            if problem is None:
-                self.node_keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
-            else:
-                log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
-                    "random node id, so runs with it may not repeat", node, problem)
-        for node in missing:
-            self.node_keys.setdefault(node, None)
+        if missing:
+            self.node_keys.update(ask_node_keys(grid, missing, self.round_timeout))
 
     def sample(self, grid: Grid, fraction: float) -> list[int]:
         """Sample ``fraction`` of the connected nodes (at least one), reproducibly.
