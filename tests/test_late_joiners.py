@@ -11,7 +11,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import closest_direction
-from fl_clusters.strategies import CFL
+from fl_clusters.strategies import CFL, IFCA
 
 NAMES = ["body.weight", "head.bias"]
 # The two groups pull the head in opposite directions.
@@ -92,3 +92,39 @@ def test_a_node_joining_after_the_split_follows_its_group(server_identity: None)
     # The silent newcomer still trains: it picks among all models by loss.
     assert p.CLUSTERS in sent[8] and p.CFG_ASSIGNED not in sent[8][p.CONFIG]
     assert cfl.summary_fields()["placed_by_split_tree"] == 1
+
+
+def test_mcfl_asks_a_node_that_joins_later_for_its_feature(server_identity: None) -> None:
+    from tests.test_fldc_awcfl_mcfl import StubGrid
+
+    features = {1: [0.0, 2.0], 2: [2.0, 4.0], 3: [10.0, 0.0], 4: [12.0, 2.0], 5: [1.0, 1.0]}
+    grid = StubGrid([1, 2, 3, 4], features)
+    strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True)
+    strategy.learn_node_keys(grid, grid.nodes)  # type: ignore[arg-type]
+    strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
+    strategy._handshake = True  # what Strategy.start has done by round 1
+    assert sorted(strategy.node_features) == [1, 2, 3, 4]
+    grid.nodes = [1, 2, 3, 4, 5]  # node 5 joins
+    strategy.sample(grid, 1.0)  # type: ignore[arg-type]
+    assert sorted(strategy.node_features) == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(strategy.node_features[5], [1.0, 1.0])
+
+
+def test_mcfl_asks_a_node_without_a_usable_feature_only_once(server_identity: None) -> None:
+    from tests.test_fldc_awcfl_mcfl import StubGrid
+
+    asked: list[int] = []
+
+    class Counting(StubGrid):
+        def send_and_receive(self, messages: Iterable[Message], **kw: object) -> list[Message]:
+            messages = list(messages)
+            asked.extend(m.metadata.dst_node_id for m in messages
+                         if m.metadata.message_type == p.QUERY_FEATURES)
+            return super().send_and_receive(messages, **kw)
+
+    grid = Counting([1, 2], {1: [0.0, 1.0], 2: [0.0, 1.0, 2.0]})
+    strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True)
+    for _ in range(3):
+        strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
+    assert sorted(strategy.node_features) == [1]
+    assert sorted(asked) == [1, 2]

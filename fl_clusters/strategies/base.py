@@ -192,6 +192,7 @@ class ClusteredStrategy(Strategy):
         self.node_keys: dict[int, int | None] = {}
         self._handshake = False
         self.node_features: dict[int, np.ndarray] = {}
+        self._features_asked: set[int] = set()
         self.rejected_replies = 0
         # Per evaluation round: the cluster each evaluated node used, and each
         # cluster's example-weighted accuracy (for the run's plots and summary).
@@ -225,6 +226,10 @@ class ClusteredStrategy(Strategy):
         _, all_nodes = sample_nodes(grid, self.min_available_nodes, 0)
         if self._handshake:
             self.learn_node_keys(grid, all_nodes)
+            if self.mcfl:
+                # A node that joined after the start uploads its feature too, so
+                # its cluster's MCFL feature includes it once it has a cluster.
+                self.collect_features(grid, all_nodes)
         size = max(1, round(len(all_nodes) * fraction))
         nodes = sorted(all_nodes, key=self.node_order)
         # Draw positions, not ids: node ids are uint64 and numpy would turn a list
@@ -431,9 +436,12 @@ class ClusteredStrategy(Strategy):
         A node's data does not change, so each node is asked once; replies that are
         not a finite vector of the common length are logged and skipped.
         """
-        missing = sorted(set(nodes) - set(self.node_features))
+        # Each node is asked once: one that gave no usable feature is not asked (and
+        # waited for) again every round.
+        missing = sorted(set(nodes) - self._features_asked)
         if not missing:
             return
+        self._features_asked.update(missing)
         config = ConfigRecord({p.CFG_NUM_SAMPLES: self.mcfl_feature_samples})
         replies = self.send(
             grid,
