@@ -39,13 +39,17 @@ class ACFL(HardClusteredStrategy):
     (``sum(federated - local-only validation accuracy) >= beta``). Phase 3 is
     FedAvg inside each cluster.
 
-    A trial federation is one real federated round over Flower messages: the
-    group's members train ``trial_epochs`` local epochs from the phase-1 model,
-    the server averages them, and each member scores the average on its
-    validation split. Each node's local-only accuracy is measured once, the same
-    way for a group of one (its own model trained from the phase-1 model, scored
-    on its validation split), and reused by every trial. The clusters start
-    phase 3 from their members' averaged trial models.
+    Each node trains its local-only model once, ``trial_epochs`` local epochs
+    from the phase-1 model, and scores it on its validation split. A trial
+    federation reuses these models: the example-weighted average of the group's
+    local-only models is sent to every member (one evaluate message each, no
+    training) and scored on its validation split. A member with no valid score
+    is asked once more, then left out of the incentive (gain 0), never scored 0.
+    The clusters start phase 3 from their members' averaged local-only models.
+    The summary counts phase 2's cost (``trial_messages``,
+    ``trial_train_messages``, ``trial_failed_members``) and says whether phase 1
+    ended (``phase1_ended``); a run whose phase 1 never ends is plain FedAvg and
+    logs a warning.
 
     Notes
     -----
@@ -157,6 +161,9 @@ class ACFL(HardClusteredStrategy):
         self.trial_epochs = trial_epochs
         self.clustering_round: int | None = None
         self.trial_evaluations = 0
+        self.trial_messages = 0
+        self.trial_train_messages = 0
+        self.trial_failed_members = 0
         self._clustering_due = False
         self._last_nodes: list[int] = []
         self._last_updates = np.zeros((0, 0), dtype=np.float32)
@@ -250,16 +257,13 @@ class ACFL(HardClusteredStrategy):
         )
         while (group := clustering.next_trial()) is not None:
             members = [nodes[int(i)] for i in group]
-            trained = self._train_group(members, model, trial_config, grid)
-            global_acc = (
-                self._validation_accuracy(
-                    dict.fromkeys(members, self.average_models(list(trained.values()))), grid
-                )
-                if trained
-                else {}
-            )
-            # A member that could not train or score the group model gains nothing from it.
-            group_acc = np.array([global_acc.get(n, 0.0) for n in members])
+            # A trial reuses the members' local-only models: their weighted average
+            # is scored on each member's validation split, with no training.
+            trial_model = self.average_models([local_models[n] for n in members])
+            global_acc = self._trial_accuracy(members, trial_model, grid)
+            # A member with no score after a retry is left out of the incentive (gain 0):
+            # scoring it 0 would read a lost message as a harmful federation.
+            group_acc = np.array([global_acc.get(n, local_acc[n]) for n in members])
             own_acc = np.array([local_acc[n] for n in members])
             accepted = clustering.report(group_acc, own_acc)
             self.trial_evaluations += 1
@@ -286,6 +290,7 @@ class ACFL(HardClusteredStrategy):
     ) -> dict[int, Message]:
         """One trial training round: each node trains ``model``; valid replies by node."""
         record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
+        self.trial_train_messages += len(nodes)
         replies = self.send(
             grid,
             self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
@@ -294,11 +299,27 @@ class ACFL(HardClusteredStrategy):
             m.metadata.src_node_id: m for m in self.check_replies(replies, model, "ACFL trial")
         }
 
+    def _trial_accuracy(
+        self, members: Sequence[int], model: ArrayRecord, grid: Grid
+    ) -> dict[int, float]:
+        """Each member's validation accuracy under ``model``; silent members are asked twice."""
+        scores = self._validation_accuracy(dict.fromkeys(members, model), grid)
+        missing = [n for n in members if n not in scores]
+        if missing:
+            scores.update(self._validation_accuracy(dict.fromkeys(missing, model), grid))
+            failed = [n for n in missing if n not in scores]
+            self.trial_failed_members += len(failed)
+            if failed:
+                log(WARNING, "ACFL trial: nodes %s gave no score after a retry; left out of "
+                    "the incentive", failed)
+        return scores
+
     def _validation_accuracy(
         self, models: dict[int, ArrayRecord], grid: Grid
     ) -> dict[int, float]:
         """Accuracy of each node's model on its validation split, for the nodes that answer."""
         config = ConfigRecord({p.CFG_SPLIT: "validation"})
+        self.trial_messages += len(models)
         replies = self.send(
             grid,
             self.build_messages(
@@ -325,9 +346,22 @@ class ACFL(HardClusteredStrategy):
         return list(self._last_nodes), pairwise_cosine(self._last_updates)
 
     def summary_fields(self) -> dict[str, Any]:
-        """Trial federations spent on clustering, the round it happened, clusters found."""
+        """Trial cost of the clustering, the round it happened, clusters found.
+
+        ``trial_messages`` counts phase 2's evaluate messages (local-only scores and
+        trials), ``trial_train_messages`` its train messages (one local-only model
+        per node, ``trial_epochs`` epochs each).
+        """
+        if self.clustering_round is None:
+            log(WARNING, "ACFL: phase 1 never ended (no convergence within the run's "
+                "rounds and phase1_rounds=%d not reached): the run was plain FedAvg; "
+                "lower 'acfl-phase1-rounds' or run more rounds", self.phase1_rounds)
         return {
             "trial_evaluations": self.trial_evaluations,
+            "trial_messages": self.trial_messages,
+            "trial_train_messages": self.trial_train_messages,
+            "trial_failed_members": self.trial_failed_members,
+            "phase1_ended": self.clustering_round is not None,
             "clustering_round": self.clustering_round,
             **super().summary_fields(),
         }
