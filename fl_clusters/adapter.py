@@ -301,12 +301,13 @@ class ClusteredClient:
                 # the app's handler cannot; fl-clusters' SGD trains the components
                 # with the server's lr, local-epochs/local-steps and batch-size.
                 return fedem_train(learner.in_memory(), message, context)
-            models = _candidate_models(message)
+            persistent = bool(config.get(p.CFG_PERSISTENT, False))
+            own = context.state.array_records.get(LOCAL_MODEL) if persistent else None
+            models = _candidate_models(message, own)
             cluster, losses = _choose_cluster(learner, models, config)
             start = models[cluster]
-            persistent = bool(config.get(p.CFG_PERSISTENT, False))
             if persistent:
-                start = context.state.array_records.get(LOCAL_MODEL) or start
+                start = own or start
             self._centers = self._proximal_centers(message, config, models[cluster])
             try:
                 reply = self._call(handler, message, start, context)

@@ -47,12 +47,24 @@ def _config(message: Message) -> ConfigRecord:
     return message.content.config_records.get(p.CONFIG, ConfigRecord())
 
 
-def _candidate_models(message: Message) -> list[ArrayRecord]:
+def _candidate_models(message: Message, own: ArrayRecord | None = None) -> list[ArrayRecord]:
+    """The models a message offers; ``own`` (the node's kept model) when it sends none.
+
+    FedSoft sends a node its start model only until the node keeps one of its own.
+    """
     content = message.content
     if p.CLUSTERS in content.array_records:
         return p.unpack_clusters(content.array_records[p.CLUSTERS])
     if p.ARRAYS in content.array_records:
         return [content.array_records[p.ARRAYS]]
+    if own is not None:
+        return [own]
+    if bool(_config(message).get(p.CFG_PERSISTENT, False)):
+        raise ValueError(
+            "this node keeps no model of its own (its state was lost, e.g. it restarted) "
+            f"and the message carries no '{p.ARRAYS}'; the server sends a start model "
+            "with the node's next task"
+        )
     raise ValueError(
         f"message {message.metadata.message_type!r} carries neither '{p.ARRAYS}' nor "
         f"'{p.CLUSTERS}'; a fl-clusters server always sends one of them"
@@ -151,10 +163,10 @@ def proximal_centers(
 
 def _train(learner: TorchLearner, message: Message, context: Context) -> Message:
     config = _config(message)
-    models = _candidate_models(message)
+    persistent = bool(config.get(p.CFG_PERSISTENT, False))
+    models = _candidate_models(message, _local_model(context) if persistent else None)
     cluster, losses = _choose_cluster(learner, models, config)
     start = models[cluster]
-    persistent = bool(config.get(p.CFG_PERSISTENT, False))
     if persistent:
         # Local-only training and FedSoft keep one model per node across rounds.
         start = _local_model(context) or start

@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.supercore.task_identity import TaskIdentity
 from sklearn.metrics import adjusted_rand_score
@@ -119,8 +127,18 @@ def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) 
         np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(drawn[s]), rtol=1e-6)
     assert metrics["max-tasks-per-node"] == 1
     # Round 2 reuses u (tau = 2): no query; round 3 estimates again.
-    list(strategy.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    second = list(strategy.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
     assert grid.queries == 8
+    # Nodes that returned a model keep it in their state: no start model is re-sent
+    # to them (before, every train message carried the initial model again).
+    trained = set(destinations)
+    for msg in second:
+        assert (p.ARRAYS in msg.content.array_records) == (msg.metadata.dst_node_id not in trained)
+    # A node that fails (e.g. restarted, its state lost) gets a start model again.
+    failed = second[0]
+    strategy.aggregate_train(2, [Message(Error(code=0, reason="no model of its own"),
+                                         reply_to=failed)])
+    assert failed.metadata.dst_node_id not in strategy._initialized
     list(strategy.configure_train(3, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
     assert grid.queries == 16 and strategy.estimate_rounds == [1, 3]
     fields = strategy.summary_fields()
@@ -384,3 +402,15 @@ def test_fedsoft_local_models_beat_fedavg(federation) -> None:
         fedsoft["personalized_accuracy"],
         fedavg["personalized_accuracy"],
     )
+
+
+def test_a_node_without_its_own_model_and_no_start_says_so(server_identity) -> None:
+    from fl_clusters.client_app import _candidate_models
+
+    config = ConfigRecord({p.CFG_PERSISTENT: True})
+    message = Message(RecordDict({p.CENTERS: p.pack_clusters([_model(0.0), _model(1.0)]),
+                                  p.CONFIG: config}), dst_node_id=1, message_type="train")
+    own = _model(5.0)
+    assert _candidate_models(message, own) == [own]
+    with pytest.raises(ValueError, match="keeps no model of its own"):
+        _candidate_models(message, None)

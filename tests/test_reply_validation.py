@@ -139,7 +139,8 @@ class FuzzGrid(StubGrid):
         )})
         if msg.metadata.message_type == MessageType.TRAIN:
             records = msg.content.array_records
-            sent = records.get(p.ARRAYS) or p.unpack_clusters(records[p.CLUSTERS])[0]
+            sent = records.get(p.ARRAYS) or p.unpack_clusters(
+                records.get(p.CLUSTERS) or records[p.CENTERS])[0]
             content[p.ARRAYS] = _arrays(draw, sent)
         return Message(content, reply_to=msg)
 

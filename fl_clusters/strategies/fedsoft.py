@@ -133,6 +133,9 @@ class FedSoft(ClusteredStrategy):
         self.train_tasks: dict[int, dict[int, int]] = {}
         self._current = ArrayRecord()
         self._node_start: ArrayRecord | None = None
+        # Nodes that returned a trained model: they keep it in context.state, so
+        # their train messages carry no start model (an error reply resets this).
+        self._initialized: set[int] = set()
 
     # ------------------------------------------------------------ initialization
     def initialize(self, model: ArrayRecord) -> ArrayRecord:
@@ -224,16 +227,14 @@ class FedSoft(ClusteredStrategy):
             node_config[p.CFG_PERSISTENT] = True
             node_config[p.CFG_PROX_MU] = self.proximal_lambda
             node_config[p.CFG_CENTER_WEIGHTS] = self.importance[node].tolist()
-            contents[node] = RecordDict(
-                {
-                    # Only initializes a node that has no model of its own yet.
-                    p.ARRAYS: self._node_start
-                    if self._node_start is not None
-                    else models[int(np.argmax(self.importance[node]))],
-                    p.CENTERS: arrays,
-                    p.CONFIG: node_config,
-                }
-            )
+            content = RecordDict({p.CENTERS: arrays, p.CONFIG: node_config})
+            if node not in self._initialized:
+                # The start of a node with no model of its own yet.
+                content[p.ARRAYS] = (
+                    self._node_start if self._node_start is not None
+                    else models[int(np.argmax(self.importance[node]))]
+                )
+            contents[node] = content
         messages = self.build_messages(contents, MessageType.TRAIN)
         self.train_tasks[server_round] = dict(Counter(m.metadata.dst_node_id for m in messages))
         log(INFO, "configure_train: clusters drew %s nodes; %d distinct nodes train once each",
@@ -247,7 +248,11 @@ class FedSoft(ClusteredStrategy):
         if server_round == self._warm_start_round:
             return self._aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
+        replies = list(replies)
+        # A node that failed may have lost its state (a restart): send it a start again.
+        self._initialized -= {m.metadata.src_node_id for m in replies if m.has_error()}
         valid = self.check_replies(replies, models[0], "aggregate_train")
+        self._initialized |= {m.metadata.src_node_id for m in valid}
         if not valid:
             return None, None
         returned = {msg.metadata.src_node_id: msg for msg in valid}
