@@ -128,3 +128,62 @@ def test_mcfl_asks_a_node_without_a_usable_feature_only_once(server_identity: No
         strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
     assert sorted(strategy.node_features) == [1]
     assert sorted(asked) == [1, 2]
+
+
+def test_density_clustering_predicts_by_the_nearest_core_point() -> None:
+    from fl_clusters.clustering import DensityClustering
+
+    rng = np.random.default_rng(0)
+    points = np.vstack([rng.normal(0.0, 0.1, (6, 2)), rng.normal(5.0, 0.1, (6, 2))])
+    fitted = DensityClustering(min_samples=3, eps=0.5).fit(points)
+    labels = fitted.predict(np.array([[0.05, 0.0], [5.1, 4.9], [2.5, 2.5]]))
+    assert labels[0] == fitted.labels_[0] and labels[1] == fitted.labels_[6]
+    assert labels[0] != labels[1] and labels[2] == -1  # far from every core point: noise
+    with pytest.raises(ValueError, match="columns"):
+        fitted.predict(np.zeros((1, 3)))
+
+
+LATE_OFFSETS = {9: -1.0, 10: 40.0}
+
+
+class Round0Grid(GrowingGrid):
+    """Answers FLDC's placement trainings: node n returns the start plus its group's offset."""
+
+    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
+        replies = []
+        for msg in messages:
+            self.placements.append(msg.metadata.dst_node_id)
+            replies.append(_fldc_reply(msg, LATE_OFFSETS[msg.metadata.dst_node_id]))
+        return replies
+
+
+def _fldc_reply(request: Message, offset: float) -> Message:
+    start = request.content.array_records[p.ARRAYS]
+    noise = np.random.default_rng(request.metadata.dst_node_id).normal(scale=0.01, size=4)
+    arrays = [start[n].numpy() + offset for n in NAMES]
+    arrays[1] = (arrays[1] + noise).astype(np.float32)
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5})
+    return Message(RecordDict({p.ARRAYS: p.numpy_to_record(NAMES, arrays),
+                               p.METRICS: metrics}), reply_to=request)
+
+
+def test_fldc_places_a_late_node_by_its_nearest_core_point(server_identity: None) -> None:
+    from fl_clusters.strategies import FLDC
+
+    fldc = FLDC(min_pts=3, eps=0.5, r=1.0, min_available_nodes=8)
+    start = p.numpy_to_record(NAMES, [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)])
+    grid = Round0Grid(list(range(1, 9)))
+    requests = list(fldc.configure_train(1, start, ConfigRecord(), grid))  # type: ignore[arg-type]
+    # Round 0: nodes 1-4 move by +1, nodes 5-8 by -1: two strata.
+    replies = [_fldc_reply(r, 1.0 if r.metadata.dst_node_id <= 4 else -1.0) for r in requests]
+    packed, _ = fldc.aggregate_train(1, replies)
+    assert packed is not None and fldc.clustering is not None
+    assert fldc.clustering.num_clusters_ == 2 and grid.placements == []
+
+    grid.nodes = list(range(1, 11))  # node 9 (like 5-8) and node 10 (far off) join
+    requests = list(fldc.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert sorted(grid.placements) == [9, 10]
+    assert fldc.labels[9] == fldc.labels[5] and fldc.labels[10] == -1
+    trained = {r.metadata.dst_node_id for r in requests}
+    assert 9 in trained and 10 not in trained  # r = 1: every stratum member trains
+    assert fldc.summary_fields()["late_labels"] == {"9": fldc.labels[5], "10": -1}

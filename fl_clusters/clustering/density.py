@@ -111,6 +111,8 @@ class DensityClustering:
     k_distances_ : np.ndarray
         (N,) ascending (min_samples - 1)-distance curve, computed whether or
         not ``eps`` was given.
+    core_points_, core_labels_ : np.ndarray
+        DBSCAN's core points and their labels, for :meth:`predict`.
     """
 
     def __init__(self, min_samples: int = 4, eps: float | None = None) -> None:
@@ -145,7 +147,11 @@ class DensityClustering:
         # DBSCAN rejects eps = 0, which the knee gives when models coincide; the
         # smallest positive float keeps "distance <= eps" meaning "identical".
         self.eps_ = max(float(eps), float(np.finfo(np.float64).tiny))
-        self.labels_ = DBSCAN(eps=self.eps_, min_samples=self.min_samples).fit(matrix).labels_
+        dbscan = DBSCAN(eps=self.eps_, min_samples=self.min_samples).fit(matrix)
+        self.labels_ = dbscan.labels_
+        self.num_features_ = matrix.shape[1]
+        self.core_points_ = matrix[dbscan.core_sample_indices_]
+        self.core_labels_ = dbscan.labels_[dbscan.core_sample_indices_]
         clustered = self.labels_ >= 0
         self.num_noise_ = int(np.count_nonzero(~clustered))
         self.num_clusters_ = int(np.unique(self.labels_[clustered]).size)
@@ -155,6 +161,37 @@ class DensityClustering:
             else float("nan")
         )
         return self
+
+    def predict(self, points: np.ndarray) -> np.ndarray:
+        """DBSCAN's rule for new points: the cluster of the nearest core point within eps.
+
+        Parameters
+        ----------
+        points : np.ndarray
+            (M, D) new points of the fitted dimension.
+
+        Returns
+        -------
+        np.ndarray
+            (M,) int labels, -1 (noise) where no core point lies within ``eps_``.
+        """
+        matrix = _finite_matrix("points", points)
+        if not hasattr(self, "core_points_"):
+            raise ValueError("call fit() before predict()")
+        if matrix.shape[1] != self.num_features_:
+            raise ValueError(
+                f"points have {matrix.shape[1]} columns; the fitted points had "
+                f"{self.num_features_}"
+            )
+        labels = np.full(matrix.shape[0], -1, dtype=np.int64)
+        if self.core_points_.shape[0] == 0:
+            return labels
+        distances, nearest = NearestNeighbors(n_neighbors=1).fit(self.core_points_).kneighbors(
+            matrix
+        )
+        within = distances[:, 0] <= self.eps_
+        labels[within] = self.core_labels_[nearest[within, 0]]
+        return labels
 
 
 def stratified_sample(labels: np.ndarray, r: float, rng: np.random.Generator) -> np.ndarray:

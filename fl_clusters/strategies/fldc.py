@@ -11,6 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
@@ -113,6 +114,11 @@ class FLDC(ClusteredStrategy):
         self.labels: dict[int, int] = {}
         self._strata: dict[int, int] = {}
         self._current = ArrayRecord()
+        # Round 0's start and settings, to place nodes that join later the same way.
+        self._round0_model = ArrayRecord()
+        self._round0_config = ConfigRecord()
+        self._placement_asked: set[int] = set()
+        self.late_labels: dict[int, int] = {}
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -128,6 +134,7 @@ class FLDC(ClusteredStrategy):
                     f"min_pts={self.min_pts}; lower 'fldc-min-pts' or add nodes"
                 )
         else:
+            self._place_newcomers(grid)
             known = sorted(self._strata, key=self.node_order)
             chosen = stratified_sample(
                 np.array([self._strata[node] for node in known], dtype=np.int64),
@@ -137,6 +144,8 @@ class FLDC(ClusteredStrategy):
             nodes = [known[int(i)] for i in chosen]
         node_config = ConfigRecord(dict(config))
         node_config[p.CFG_ROUND] = server_round
+        if self.clustering is None:
+            self._round0_config = node_config
         record = RecordDict({p.ARRAYS: arrays, p.CONFIG: node_config})
         log(INFO, "configure_train: %d nodes (%s)", len(nodes),
             "round 0, all nodes" if self.clustering is None else "stratified sample")
@@ -164,6 +173,40 @@ class FLDC(ClusteredStrategy):
         )
         return self.average_models(valid), metrics
 
+    def _place_newcomers(self, grid: Grid) -> None:
+        """Give nodes that joined after round 0 a stratum by DBSCAN's own rule.
+
+        Each newcomer trains once from the model round 0 started from, with round
+        0's settings; its model takes the label of the nearest core point within
+        eps (:meth:`DensityClustering.predict`), or is noise. A node is asked once.
+        """
+        _, connected = sample_nodes(grid, self.min_available_nodes, 0)
+        if self._handshake:
+            self.learn_node_keys(grid, connected)
+        newcomers = sorted(set(connected) - set(self.labels) - self._placement_asked,
+                           key=self.node_order)
+        if not newcomers or self.clustering is None:
+            return
+        self._placement_asked.update(newcomers)
+        record = RecordDict({p.ARRAYS: self._round0_model, p.CONFIG: self._round0_config})
+        replies = self.send(grid, self.build_messages(dict.fromkeys(newcomers, record),
+                                                      MessageType.TRAIN))
+        valid = self.check_replies(replies, self._round0_model, "fldc placement")
+        if not valid:
+            return
+        names = list(self._round0_model.keys())
+        points = flatten_models(
+            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in valid]
+        )
+        for msg, label in zip(valid, self.clustering.predict(points), strict=True):
+            node = msg.metadata.src_node_id
+            self.labels[node] = int(label)
+            self.late_labels[node] = int(label)
+            if label >= 0:
+                self._strata[node] = int(label)
+            log(INFO, "FLDC: node %d joined late; %s", node,
+                f"stratum {label} (nearest core point)" if label >= 0 else "noise, not sampled")
+
     def _cluster(self, valid: list[Message]) -> list[Message]:
         """DBSCAN over the round-0 models; return the replies of clustered nodes."""
         names = list(self._current.keys())
@@ -171,6 +214,7 @@ class FLDC(ClusteredStrategy):
             [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in valid]
         )
         self.clustering = DensityClustering(self.min_pts, self.eps).fit(points)
+        self._round0_model = self._current
         nodes = [m.metadata.src_node_id for m in valid]
         self.labels = {node: int(label) for node, label in zip(nodes, self.clustering.labels_,
                                                                strict=True)}
@@ -200,6 +244,7 @@ class FLDC(ClusteredStrategy):
             "num_dbscan_clusters": self.clustering.num_clusters_,
             "min_pts": self.min_pts,
             "cluster_labels": {str(node): label for node, label in self.labels.items()},
+            "late_labels": {str(node): label for node, label in self.late_labels.items()},
             "k_distance_curve": self.clustering.k_distances_.tolist(),
         }
 
