@@ -187,3 +187,35 @@ def test_fldc_places_a_late_node_by_its_nearest_core_point(server_identity: None
     trained = {r.metadata.dst_node_id for r in requests}
     assert 9 in trained and 10 not in trained  # r = 1: every stratum member trains
     assert fldc.summary_fields()["late_labels"] == {"9": fldc.labels[5], "10": -1}
+
+
+def test_acfl_places_a_late_node_by_the_similarity_it_clustered_on(server_identity: None) -> None:
+    from fl_clusters.strategies import ACFL
+
+    acfl = ACFL(min_available_nodes=2)
+    start = p.numpy_to_record(NAMES, [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)])
+    # What phase 2 leaves behind: nodes 1 and 4 clustered, each cluster's mean
+    # phase-1 update (group A +x, group B -x) and the phase-1 start.
+    acfl.assignments.update({1: 0, 4: 1})
+    acfl._direction_start = start
+    acfl._directions = np.stack([
+        acfl.updates([_reply_to(start, node)], start)[0] for node in (1, 4)
+    ])
+    acfl.clustering_round = 2
+    grid = GrowingGrid([1, 4, 7, 8])  # 7 (group B) and 8 (silent) joined late
+    packed = p.pack_clusters([start, start])
+    requests = list(acfl.configure_train(3, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert sorted(grid.placements) == [7, 8]
+    assert acfl.assignments[7] == 1 and 8 not in acfl.assignments
+    sent = {r.metadata.dst_node_id: r.content for r in requests}
+    assert sent[7][p.CONFIG][p.CFG_ASSIGNED] == 1
+    assert p.CLUSTERS in sent[8]  # no answer: it picks by loss
+    list(acfl.configure_train(4, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert sorted(grid.placements) == [7, 8]  # the silent node is not asked again
+    assert acfl.summary_fields()["placed_by_similarity"] == 1
+
+
+def _reply_to(start: ArrayRecord, node: int) -> Message:
+    """A reply-like message carrying the model ``node`` would return from ``start``."""
+    return Message(RecordDict({p.ARRAYS: _trained(start, node)}), dst_node_id=node,
+                   message_type="train")
