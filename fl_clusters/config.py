@@ -195,7 +195,11 @@ KEYS: tuple[ConfigKey, ...] = (
         help="FedSoft cluster models: random draws, or k-means of a warm-start round",
     ),
     ConfigKey("fldc-min-pts", 4, minimum=2, help="FLDC DBSCAN MinPts (the point itself counts)"),
-    ConfigKey("fldc-eps", 0.0, minimum=0.0, help="FLDC DBSCAN eps (0 = k-distance knee)"),
+    ConfigKey("fldc-eps", 0.0, minimum=0.0,
+              help="FLDC DBSCAN eps (0 = chosen by fldc-eps-method)"),
+    ConfigKey("fldc-eps-method", "knee", choices=("knee", "silhouette"),
+              help="FLDC eps when fldc-eps is 0: k-distance knee, or best silhouette "
+                   "over a grid (the paper's table 5)"),
     ConfigKey(
         "fldc-r", 0.2, minimum=0.0, maximum=1.0, exclusive_minimum=True,
         help="FLDC sampling rate per cluster",

@@ -22,6 +22,7 @@ from fl_clusters.clustering.density import (
     DensityClustering,
     k_distance_curve,
     knee_eps,
+    silhouette_eps,
     stratified_sample,
 )
 from fl_clusters.clustering.gates import (
@@ -94,6 +95,7 @@ __all__ = [
     "sample_per_cluster",
     "selection_probabilities",
     "should_split",
+    "silhouette_eps",
     "stratified_sample",
     "unit_rows",
     "update_norms",

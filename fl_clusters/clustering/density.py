@@ -9,6 +9,7 @@ from sklearn.neighbors import NearestNeighbors
 
 from fl_clusters.clustering.similarity import _finite_matrix
 
+EPS_METHODS = ("knee", "silhouette")
 
 def k_distance_curve(points: np.ndarray, k: int) -> np.ndarray:
     """Sorted distances from every point to its k-th nearest other point.
@@ -83,6 +84,52 @@ def knee_eps(curve: np.ndarray) -> float:
     return float(values[int(np.argmax(gap))])
 
 
+def silhouette_eps(
+    points: np.ndarray, min_samples: int, candidates: np.ndarray
+) -> tuple[float | None, np.ndarray]:
+    """The eps of ``candidates`` whose DBSCAN clustering has the best silhouette.
+
+    FLDC's paper picks eps from a grid by the silhouette of the result (its
+    table 5). A candidate's score is the silhouette of its clustered points
+    times the share of points it clusters (noise counts against it); one that
+    leaves fewer than two clusters has no score (NaN) and is never chosen.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) points (flattened client models).
+    min_samples : int
+        DBSCAN's MinPts, >= 2.
+    candidates : np.ndarray
+        (C,) eps values to try, each > 0.
+
+    Returns
+    -------
+    tuple
+        ``(eps, scores)``: the best candidate (``None`` if none gave two clusters)
+        and every candidate's score (NaN for none).
+    """
+    matrix = _finite_matrix("points", points)
+    grid = np.asarray(candidates, dtype=np.float64)
+    if min_samples < 2:
+        raise ValueError(f"min_samples={min_samples} is outside [2, inf)")
+    if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid) & (grid > 0)):
+        raise ValueError("candidates must be a non-empty 1-D array of eps values > 0")
+    scores = np.full(grid.size, np.nan)
+    for i, eps in enumerate(grid):
+        labels = DBSCAN(eps=float(eps), min_samples=min_samples).fit(matrix).labels_
+        clustered = labels >= 0
+        # Silhouette needs 2 <= clusters <= points - 1 among the clustered points.
+        if 2 <= np.unique(labels[clustered]).size < np.count_nonzero(clustered):
+            # Weighted by the share of points clustered: the silhouette of the
+            # clustered points alone rewards a small eps that calls most points noise.
+            share = float(clustered.mean())
+            scores[i] = silhouette_score(matrix[clustered], labels[clustered]) * share
+    if np.all(np.isnan(scores)):
+        return None, scores
+    return float(grid[int(np.nanargmax(scores))]), scores
+
+
 class DensityClustering:
     """DBSCAN over client models with eps from the k-distance knee (FLDC).
 
@@ -92,8 +139,14 @@ class DensityClustering:
         DBSCAN's MinPts, counting the point itself (sklearn's convention), >= 2.
         The paper uses 4.
     eps : float or None (default: None)
-        Neighbourhood radius, > 0; None takes it from the knee of the
-        (min_samples - 1)-distance curve.
+        Neighbourhood radius, > 0; None chooses it by ``eps_method``.
+    eps_method : str (default: "knee")
+        How eps is chosen when not given: ``"knee"`` of the (min_samples - 1)-
+        distance curve, or ``"silhouette"``: the best silhouette over a grid of
+        ``num_candidates`` quantiles of that curve (the paper's table 5), the
+        knee when no candidate gives two clusters.
+    num_candidates : int (default: 20)
+        Size of the silhouette grid, >= 1.
 
     Attributes
     ----------
@@ -113,15 +166,29 @@ class DensityClustering:
         not ``eps`` was given.
     core_points_, core_labels_ : np.ndarray
         DBSCAN's core points and their labels, for :meth:`predict`.
+    eps_scores_ : np.ndarray
+        Silhouette of each grid candidate (``eps_method="silhouette"``), else empty.
     """
 
-    def __init__(self, min_samples: int = 4, eps: float | None = None) -> None:
+    def __init__(
+        self,
+        min_samples: int = 4,
+        eps: float | None = None,
+        eps_method: str = "knee",
+        num_candidates: int = 20,
+    ) -> None:
         if min_samples < 2:
             raise ValueError(f"min_samples={min_samples} is outside [2, inf)")
         if eps is not None and not eps > 0.0:
             raise ValueError(f"eps={eps} is outside (0, inf); pass None to use the knee")
+        if eps_method not in EPS_METHODS:
+            raise ValueError(f"eps_method={eps_method!r} is not one of {EPS_METHODS}")
+        if num_candidates < 1:
+            raise ValueError(f"num_candidates={num_candidates} is outside [1, inf)")
         self.min_samples = min_samples
         self.eps = eps
+        self.eps_method = eps_method
+        self.num_candidates = num_candidates
 
     def fit(self, points: np.ndarray) -> DensityClustering:
         """Cluster ``points``.
@@ -144,6 +211,14 @@ class DensityClustering:
             )
         self.k_distances_ = k_distance_curve(matrix, self.min_samples - 1)
         eps = self.eps if self.eps is not None else knee_eps(self.k_distances_)
+        self.eps_scores_ = np.zeros(0)
+        if self.eps is None and self.eps_method == "silhouette":
+            positive = self.k_distances_[self.k_distances_ > 0]
+            if positive.size:
+                candidates = np.unique(np.quantile(positive,
+                                                   np.linspace(0, 1, self.num_candidates)))
+                best, self.eps_scores_ = silhouette_eps(matrix, self.min_samples, candidates)
+                eps = best if best is not None else eps
         # DBSCAN rejects eps = 0, which the knee gives when models coincide; the
         # smallest positive float keeps "distance <= eps" meaning "identical".
         self.eps_ = max(float(eps), float(np.finfo(np.float64).tiny))

@@ -15,6 +15,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
+from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.base import ClusteredStrategy
 
 K_DISTANCE_PLOT = "k_distance.png"
@@ -72,8 +73,11 @@ class FLDC(ClusteredStrategy):
         DBSCAN's MinPts, counting the point itself (as in the paper's definition
         of the eps-neighbourhood and in scikit-learn); >= 2.
     eps : float | None (default: None)
-        DBSCAN radius, > 0; ``None`` takes the knee of the curve of distances to
-        the ``min_pts``-th nearest model (the model itself included).
+        DBSCAN radius, > 0; ``None`` chooses it by ``eps_method``.
+    eps_method : str (default: "knee")
+        ``"knee"``: the knee of the curve of distances to the ``min_pts``-th
+        nearest model (the model itself included); ``"silhouette"``: the best
+        silhouette over a grid of that curve's quantiles (the paper's table 5).
     r : float (default: 0.2)
         Share of every cluster sampled each round after the first, in (0, 1].
     fraction_evaluate, min_available_nodes, max_failed_rounds, seed
@@ -85,6 +89,7 @@ class FLDC(ClusteredStrategy):
         *,
         min_pts: int = 4,
         eps: float | None = None,
+        eps_method: str = "knee",
         r: float = 0.2,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
@@ -105,10 +110,16 @@ class FLDC(ClusteredStrategy):
                 f"eps={eps} must be > 0, or None for the k-distance knee (run-config key "
                 "'fldc-eps', where 0 means the knee)"
             )
+        if eps_method not in EPS_METHODS:
+            raise ValueError(
+                f"eps_method={eps_method!r} is not one of {EPS_METHODS} "
+                "(run-config key 'fldc-eps-method')"
+            )
         if not 0.0 < r <= 1.0:
             raise ValueError(f"r={r} is outside (0, 1] (run-config key 'fldc-r')")
         self.min_pts = min_pts
         self.eps = eps
+        self.eps_method = eps_method
         self.r = r
         self.clustering: DensityClustering | None = None
         self.labels: dict[int, int] = {}
@@ -213,7 +224,7 @@ class FLDC(ClusteredStrategy):
         points = flatten_models(
             [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in valid]
         )
-        self.clustering = DensityClustering(self.min_pts, self.eps).fit(points)
+        self.clustering = DensityClustering(self.min_pts, self.eps, self.eps_method).fit(points)
         self._round0_model = self._current
         nodes = [m.metadata.src_node_id for m in valid]
         self.labels = {node: int(label) for node, label in zip(nodes, self.clustering.labels_,
@@ -239,6 +250,7 @@ class FLDC(ClusteredStrategy):
         silhouette = self.clustering.silhouette_
         return {
             "eps": self.clustering.eps_,
+            "eps_method": "given" if self.eps is not None else self.eps_method,
             "silhouette": None if np.isnan(silhouette) else silhouette,
             "num_noise_clients": self.clustering.num_noise_,
             "num_dbscan_clusters": self.clustering.num_clusters_,
@@ -262,5 +274,5 @@ class FLDC(ClusteredStrategy):
     def summary(self) -> None:
         """Log FLDC's settings."""
         log(INFO, "\t├──> FLDC: MinPts %d | eps %s | r %.2f", self.min_pts,
-            "k-distance knee" if self.eps is None else f"{self.eps:g}", self.r)
+            self.eps_method if self.eps is None else f"{self.eps:g}", self.r)
         super().summary()

@@ -101,7 +101,8 @@ def _fedsoft(settings: Settings) -> Strategy:
 def _fldc(settings: Settings) -> Strategy:
     return FLDC(
         min_pts=settings["fldc-min-pts"],
-        eps=settings["fldc-eps"] or None,  # 0 = the k-distance knee
+        eps=settings["fldc-eps"] or None,  # 0 = chosen by eps_method
+        eps_method=settings["fldc-eps-method"],
         r=settings["fldc-r"],
         min_available_nodes=settings["min-available-nodes"],
         max_failed_rounds=settings["max-failed-rounds"],
