@@ -60,7 +60,9 @@ SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]], str]] = {
     ),
     "strata": (
         STRATA,
-        {"fldc": {"strategy": "fldc"}, "fedavg": {"strategy": "fedavg", "fraction-train": 0.2}},
+        {"fldc": {"strategy": "fldc"},
+         "fldc-silhouette": {"strategy": "fldc", "fldc-eps-method": "silhouette"},
+         "fedavg": {"strategy": "fedavg", "fraction-train": 0.2}},
         "fldc",
     ),
     "rotation-mixture": (

@@ -414,3 +414,18 @@ def test_a_node_without_its_own_model_and_no_start_says_so(server_identity) -> N
     assert _candidate_models(message, own) == [own]
     with pytest.raises(ValueError, match="keeps no model of its own"):
         _candidate_models(message, None)
+
+
+def test_a_node_that_joins_between_estimates_is_estimated_at_once(server_identity) -> None:
+    counts = {1: [9, 1], 2: [8, 2], 3: [1, 9], 4: [0, 10]}
+    grid = CountsGrid(counts)
+    strategy = FedSoft(2, tau=5, sigma=0.01, clients_per_cluster=2)
+    list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert grid.queries == 4
+    packed = strategy.initialize(_model(0.0))
+    counts[5] = [2, 8]  # node 5 joins; the next full estimate would be round 6
+    list(strategy.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert grid.queries == 5 and 5 in strategy.importance  # only the newcomer was asked
+    assert strategy.assignments[5] == 1
+    list(strategy.configure_train(3, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert grid.queries == 5

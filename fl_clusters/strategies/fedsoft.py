@@ -136,6 +136,7 @@ class FedSoft(ClusteredStrategy):
         # Nodes that returned a trained model: they keep it in context.state, so
         # their train messages carry no start model (an error reply resets this).
         self._initialized: set[int] = set()
+        self._estimate_asked: set[int] = set()
 
     # ------------------------------------------------------------ initialization
     def initialize(self, model: ArrayRecord) -> ArrayRecord:
@@ -148,13 +149,21 @@ class FedSoft(ClusteredStrategy):
         return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
 
     # ------------------------------------------------------- importance weights
-    def estimate_importance(self, server_round: int, arrays: ArrayRecord, grid: Grid) -> None:
-        """Ask every node which cluster model fits each of its training samples best.
+    def estimate_importance(
+        self, server_round: int, arrays: ArrayRecord, grid: Grid, only_new: bool = False
+    ) -> None:
+        """Ask every node (or, with ``only_new``, each node never asked) which cluster
+        model fits each of its training samples best.
 
         Nodes that fail or send unusable counts keep their previous weights (or stay
         out of the selection until they have some).
         """
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        if only_new:
+            nodes = [n for n in nodes if n not in self._estimate_asked]
+            if not nodes:
+                return
+        self._estimate_asked.update(nodes)
         config = ConfigRecord({p.CFG_ROUND: server_round})
         replies = self.send(
             grid,
@@ -207,6 +216,10 @@ class FedSoft(ClusteredStrategy):
         self._current = arrays
         if (server_round - 1) % self.tau == 0 or not self.importance:
             self.estimate_importance(server_round, arrays, grid)
+        else:
+            # A node that joined since the last estimate is served now, not tau
+            # rounds later; a node is asked this way once.
+            self.estimate_importance(server_round, arrays, grid, only_new=True)
         if not self.importance:
             log(WARNING, "round %d: no node has importance weights; nothing to train",
                 server_round)
