@@ -91,7 +91,7 @@ def test_a_node_joining_after_the_split_follows_its_group(server_identity: None)
     assert sent[7][p.CONFIG][p.CFG_ASSIGNED] == group_b_cluster
     # The silent newcomer still trains: it picks among all models by loss.
     assert p.CLUSTERS in sent[8] and p.CFG_ASSIGNED not in sent[8][p.CONFIG]
-    assert cfl.summary_fields()["placed_by_split_tree"] == 1
+    assert cfl.summary_fields()["placed_nodes"] == {"7": group_b_cluster}
 
 
 def test_mcfl_asks_a_node_that_joins_later_for_its_feature(server_identity: None) -> None:
@@ -212,10 +212,29 @@ def test_acfl_places_a_late_node_by_the_similarity_it_clustered_on(server_identi
     assert p.CLUSTERS in sent[8]  # no answer: it picks by loss
     list(acfl.configure_train(4, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
     assert sorted(grid.placements) == [7, 8]  # the silent node is not asked again
-    assert acfl.summary_fields()["placed_by_similarity"] == 1
+    assert acfl.summary_fields()["placed_nodes"] == {"7": 1}
 
 
 def _reply_to(start: ArrayRecord, node: int) -> Message:
     """A reply-like message carrying the model ``node`` would return from ``start``."""
     return Message(RecordDict({p.ARRAYS: _trained(start, node)}), dst_node_id=node,
                    message_type="train")
+
+
+def test_flhc_places_a_late_node_in_the_nearest_cluster(server_identity: None) -> None:
+    from fl_clusters.strategies import FLHC
+
+    flhc = FLHC(warmup_rounds=0, min_available_nodes=6)
+    start = p.numpy_to_record(NAMES, [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)])
+    grid = GrowingGrid(list(range(1, 7)))
+    requests = list(flhc.configure_train(1, p.pack_clusters([start]), ConfigRecord(), grid))  # type: ignore[arg-type]
+    packed, _ = flhc.aggregate_train(1, [_reply(r) for r in requests])
+    assert packed is not None and flhc.clustering_round == 1
+    group_b_cluster = flhc.assignments[4]
+    assert {flhc.assignments[n] for n in (1, 2, 3)} == {1 - group_b_cluster}
+
+    grid.nodes = list(range(1, 9))  # 7 (group B) and 8 (silent) join
+    requests = list(flhc.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert sorted(grid.placements) == [7, 8]
+    assert flhc.assignments[7] == group_b_cluster and 8 not in flhc.assignments
+    assert flhc.summary_fields()["placed_nodes"] == {"7": group_b_cluster}

@@ -14,7 +14,6 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
     GreedyIncentiveClustering,
-    closest_direction,
     has_converged,
     pairwise_cosine,
     update_norms,
@@ -173,8 +172,6 @@ class ACFL(HardClusteredStrategy):
         # cluster's mean phase-1 update.
         self._direction_start = ArrayRecord()
         self._directions: np.ndarray | None = None
-        self._placement_asked: set[int] = set()
-        self.placed_nodes: dict[int, int] = {}
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -186,36 +183,13 @@ class ACFL(HardClusteredStrategy):
             arrays = self.cluster(server_round, p.unpack_clusters(arrays)[0], config, grid)
             self.clustering_round = server_round
         nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
-        if self._directions is not None:
-            newcomers = [n for n in nodes
-                         if n not in self.assignments and n not in self._placement_asked]
-            if newcomers:
-                self._place_by_similarity(server_round, newcomers, config, grid)
+        if self._directions is not None and (newcomers := self.newcomers(nodes)):
+            # A node without a cluster after phase 2 joins by the similarity ACFL
+            # clustered on: its update from the last phase-1 start against each
+            # cluster's mean phase-1 update.
+            self.place_by_update(server_round, newcomers, self._direction_start,
+                                 self._directions, config, grid)
         return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
-
-    def _place_by_similarity(
-        self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
-    ) -> None:
-        """A node without a cluster after phase 2 joins by the similarity ACFL clustered on.
-
-        It trains once from the model of the last phase-1 round, and joins the
-        cluster whose members' mean phase-1 update its update is most similar to
-        (cosine). A node that does not answer picks by training loss, and is not
-        asked again.
-        """
-        self._placement_asked.update(nodes)
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
-        record = RecordDict({p.ARRAYS: self._direction_start, p.CONFIG: node_config})
-        replies = self.send(grid, self.build_messages(dict.fromkeys(nodes, record),
-                                                      MessageType.TRAIN))
-        for msg in self.check_replies(replies, self._direction_start, "acfl placement"):
-            node = msg.metadata.src_node_id
-            update = self.updates([msg], self._direction_start)[0]
-            self.assignments[node] = closest_direction(update, self._directions)  # type: ignore[arg-type]
-            self.placed_nodes[node] = self.assignments[node]
-            log(INFO, "round %d: node %d joined late; ACFL placed it in cluster %d by the "
-                "similarity of its update", server_round, node, self.assignments[node])
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -405,7 +379,6 @@ class ACFL(HardClusteredStrategy):
             "trial_train_messages": self.trial_train_messages,
             "trial_failed_members": self.trial_failed_members,
             "phase1_ended": self.clustering_round is not None,
-            "placed_by_similarity": len(self.placed_nodes),
             "clustering_round": self.clustering_round,
             **super().summary_fields(),
         }

@@ -13,6 +13,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
+from sklearn.metrics import pairwise_distances
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
@@ -614,6 +615,48 @@ class HardClusteredStrategy(ClusteredStrategy):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._models: list[ArrayRecord] = []
+        # Nodes placed after the clustering by the strategy's own rule (node -> cluster),
+        # and every node asked to, so a silent one is not waited for every round.
+        self.placed_nodes: dict[int, int] = {}
+        self._placement_asked: set[int] = set()
+
+    def newcomers(self, nodes: Iterable[int]) -> list[int]:
+        """The nodes of ``nodes`` without a cluster that were never asked to place themselves."""
+        return [n for n in nodes if n not in self.assignments and n not in self._placement_asked]
+
+    def place_by_update(
+        self,
+        server_round: int,
+        nodes: list[int],
+        start: ArrayRecord,
+        references: np.ndarray,
+        config: ConfigRecord,
+        grid: Grid,
+        metric: str = "cosine",
+    ) -> None:
+        """Place nodes without a cluster by their update, the way the strategy clustered.
+
+        Each node trains once from ``start`` (the model the clustered updates were
+        computed from) and joins the cluster whose reference update (row of
+        ``references``) is nearest to its own under ``metric`` (any scikit-learn
+        pairwise metric). A node that does not answer picks by training loss and
+        is not asked again.
+        """
+        self._placement_asked.update(nodes)
+        node_config = ConfigRecord(dict(config))
+        node_config[p.CFG_ROUND] = server_round
+        record = RecordDict({p.ARRAYS: start, p.CONFIG: node_config})
+        replies = self.send(grid, self.build_messages(dict.fromkeys(nodes, record),
+                                                      MessageType.TRAIN))
+        valid = self.check_replies(replies, start, "placement")
+        if not valid:
+            return
+        distances = pairwise_distances(self.updates(valid, start), references, metric=metric)
+        for msg, cluster in zip(valid, np.argmin(distances, axis=1), strict=True):
+            node = msg.metadata.src_node_id
+            self.assignments[node] = self.placed_nodes[node] = int(cluster)
+            log(INFO, "round %d: node %d joined late; placed in cluster %d by the %s distance "
+                "of its update", server_round, node, int(cluster), metric)
 
     def cluster_of(self, node: int) -> int | None:
         """The node's cluster; with a single cluster every node belongs to it."""
@@ -694,5 +737,8 @@ class HardClusteredStrategy(ClusteredStrategy):
         return p.pack_clusters(models), metrics
 
     def summary_fields(self) -> dict[str, Any]:
-        """The number of clusters the nodes ended in."""
-        return {"num_clusters_found": len(set(self.assignments.values())) or 1}
+        """The number of clusters the nodes ended in, and the nodes placed late."""
+        return {
+            "num_clusters_found": len(set(self.assignments.values())) or 1,
+            "placed_nodes": {str(node): c for node, c in sorted(self.placed_nodes.items())},
+        }

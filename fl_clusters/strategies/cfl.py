@@ -159,7 +159,6 @@ class CFL(HardClusteredStrategy):
         self.warmup_rounds = warmup_rounds
         self.split_rounds: list[int] = []
         self.splits: list[SplitRecord] = []
-        self.placed_nodes: dict[int, int] = {}
         # Largest client update norm of the first rounds: the relative gate's scale.
         self.reference_norm = 0.0
 
@@ -168,7 +167,7 @@ class CFL(HardClusteredStrategy):
     ) -> Iterable[Message]:
         """Send every sampled node its cluster's model, placing newcomers first."""
         nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
-        newcomers = [n for n in nodes if n not in self.assignments]
+        newcomers = self.newcomers(nodes)
         if self.splits and newcomers:
             self._place_by_split_tree(server_round, newcomers, config, grid)
         return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
@@ -177,6 +176,7 @@ class CFL(HardClusteredStrategy):
         self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
     ) -> None:
         """Walk each node down the split tree by the similarity of its updates."""
+        self._placement_asked.update(nodes)
         position = {node: (0, 0) for node in nodes}  # node -> (cluster, next split to test)
         while True:
             pending: dict[int, int] = {}
@@ -283,7 +283,6 @@ class CFL(HardClusteredStrategy):
         """Rounds in which a cluster split, and the number of clusters found."""
         return {
             "split_rounds": list(self.split_rounds),
-            "placed_by_split_tree": len(self.placed_nodes),
             "reference_norm": self.reference_norm,
             **super().summary_fields(),
         }

@@ -109,12 +109,26 @@ class FLHC(HardClusteredStrategy):
             ) from error
         self.warmup_rounds = warmup_rounds
         self.clustering_round: int | None = None
+        # For late nodes: the model the clustered updates started from, and each
+        # cluster's mean update.
+        self._reference_start = ArrayRecord()
+        self._references: np.ndarray | None = None
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send every sampled node its cluster's model (the global one before clustering)."""
-        return self.assigned_train_messages(server_round, arrays, config, grid)
+        """Send every sampled node its cluster's model (the global one before clustering).
+
+        A node without a cluster after the clustering (it joined late) joins the
+        nearest cluster: it trains once from the model the clustered updates
+        started from, and the cluster whose mean update is nearest to its own
+        under ``metric`` takes it.
+        """
+        nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
+        if self._references is not None and (newcomers := self.newcomers(nodes)):
+            self.place_by_update(server_round, newcomers, self._reference_start,
+                                 self._references, config, grid, self.hierarchy.metric)
+        return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -130,8 +144,13 @@ class FLHC(HardClusteredStrategy):
                 self.assignments.clear()
             return packed, metrics
         trained = members[0]
-        labels = self.hierarchy.fit_predict(self.updates(trained, self._models[0]))
+        updates = self.updates(trained, self._models[0])
+        labels = self.hierarchy.fit_predict(updates)
         self.clustering_round = server_round
+        self._reference_start = self._models[0]
+        self._references = np.stack([
+            updates[labels == label].mean(axis=0) for label in range(self.hierarchy.num_clusters_)
+        ])
         groups: dict[int, list[Message]] = {}
         for msg, label in zip(trained, labels, strict=True):
             groups.setdefault(int(label), []).append(msg)
