@@ -418,7 +418,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         # grid lists, and sum replies in arrival order; simulated node ids are random
         # per run. Listing nodes and replies in handshake-key order and seeding random
         # makes the same seed repeat the run, without touching Flower's strategy.
-        keys = ask_node_keys(metered, nodes, settings["round-timeout"])
+        keys, _ = ask_node_keys(metered, nodes, settings["round-timeout"])
         metered.node_order = lambda node: key_order(keys, node)
         random.seed(settings["seed"])
     result = strategy.start(

@@ -65,7 +65,9 @@ def key_order(keys: Mapping[int, int | None], node: int) -> tuple[int, int, int]
     return (0, key, node) if key is not None else (1, 0, node)
 
 
-def ask_node_keys(grid: Grid, nodes: Iterable[int], timeout: float | None) -> dict[int, int | None]:
+def ask_node_keys(
+    grid: Grid, nodes: Iterable[int], timeout: float | None
+) -> tuple[dict[int, int | None], int]:
     """Ask ``nodes`` for their stable key (``query.identity``), waiting at most ``timeout``.
 
     A node whose app has no identity handler, or that answers with no whole
@@ -80,8 +82,15 @@ def ask_node_keys(grid: Grid, nodes: Iterable[int], timeout: float | None) -> di
         Node ids to ask.
     timeout : float | None
         Seconds to wait for the replies.
+
+    Returns
+    -------
+    tuple
+        ``(keys, rejected)``: node id -> key (``None`` without one), and the
+        number of replies that were errors or malformed.
     """
     nodes = list(nodes)
+    rejected = 0
     queries = [
         Message(content=RecordDict({p.CONFIG: ConfigRecord()}), dst_node_id=node,
                 message_type=p.QUERY_IDENTITY)
@@ -100,9 +109,10 @@ def ask_node_keys(grid: Grid, nodes: Iterable[int], timeout: float | None) -> di
         if problem is None:
             keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
         else:
+            rejected += 1
             log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
                 "random node id, so runs with it may not repeat", node, problem)
-    return keys
+    return keys, rejected
 
 
 class ClusteredStrategy(Strategy):
@@ -216,7 +226,9 @@ class ClusteredStrategy(Strategy):
         """
         missing = sorted(set(nodes) - set(self.node_keys))
         if missing:
-            self.node_keys.update(ask_node_keys(grid, missing, self.round_timeout))
+            keys, rejected = ask_node_keys(grid, missing, self.round_timeout)
+            self.node_keys.update(keys)
+            self.rejected_replies += rejected
 
     def sample(self, grid: Grid, fraction: float) -> list[int]:
         """Sample ``fraction`` of the connected nodes (at least one), reproducibly.
