@@ -7,7 +7,6 @@ rounds change. Bounds are what held, with margin, in every measured run
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -216,18 +215,6 @@ def _round(strategy, server_round: int, arrays: ArrayRecord, grid: NodesOnly,
     return requests, packed
 
 
-class SilentGrid(NodesOnly):
-    """NodesOnly whose nodes never answer a strategy-internal message."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        super().__init__(nodes)
-        self.asked: list[int] = []
-
-    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
-        self.asked += [m.metadata.dst_node_id for m in messages]
-        return []
-
-
 def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) -> None:
     nodes = list(range(1, 10))
     grid = NodesOnly(nodes)
@@ -243,9 +230,11 @@ def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) 
     # Later rounds never cluster again. Node 9, never clustered, is asked to train
     # once to be placed by its update (tests/test_late_joiners.py); silent here, it
     # gets every model and chooses by loss.
-    silent = SilentGrid(nodes)
+    from tests.test_cfl_acfl import SilentNodes
+
+    silent = SilentNodes(nodes)
     requests, packed = _round(flhc, 3, packed, silent, dict.fromkeys(nodes, 5))
-    assert silent.asked == [9]
+    assert silent.placements == [9]
     by_node = {r.metadata.dst_node_id: r.content.array_records for r in requests}
     assert p.CLUSTERS in by_node[9] and p.ARRAYS in by_node[1]
     assert flhc.clustering_round == 2 and p.num_packed_clusters(packed) == 3
