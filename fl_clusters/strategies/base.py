@@ -443,6 +443,20 @@ class ClusteredStrategy(Strategy):
         """
         return list(grid.send_and_receive(messages, timeout=self.round_timeout))
 
+    def train_once(
+        self, nodes: Iterable[int], start: ArrayRecord, config: ConfigRecord, grid: Grid,
+        stage: str,
+    ) -> list[Message]:
+        """Have ``nodes`` each train ``start`` once with ``config``; the usable replies.
+
+        A strategy-internal training (placing a node that joined late), bounded by
+        the round timeout like every other query.
+        """
+        record = RecordDict({p.ARRAYS: start, p.CONFIG: config})
+        replies = self.send(grid, self.build_messages(dict.fromkeys(nodes, record),
+                                                      MessageType.TRAIN))
+        return self.check_replies(replies, start, stage)
+
     def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
         """MCFL: ask the nodes whose feature is unknown for their mean training input.
 
@@ -657,10 +671,7 @@ class HardClusteredStrategy(ClusteredStrategy):
         self._placement_asked.update(nodes)
         node_config = ConfigRecord(dict(config))
         node_config[p.CFG_ROUND] = server_round
-        record = RecordDict({p.ARRAYS: start, p.CONFIG: node_config})
-        replies = self.send(grid, self.build_messages(dict.fromkeys(nodes, record),
-                                                      MessageType.TRAIN))
-        valid = self.check_replies(replies, start, "placement")
+        valid = self.train_once(nodes, start, node_config, grid, "placement")
         if not valid:
             return
         distances = pairwise_distances(self.updates(valid, start), references, metric=metric)

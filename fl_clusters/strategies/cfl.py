@@ -8,7 +8,7 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -187,21 +187,20 @@ class CFL(HardClusteredStrategy):
                     pending[node] = later[0]
             if not pending:
                 break
-            contents = {}
-            for node, index in pending.items():
+            answered = set()
+            for index in sorted(set(pending.values())):
+                split = self.splits[index]
                 node_config = ConfigRecord(dict(config))
                 node_config[p.CFG_ROUND] = server_round
-                node_config[p.CFG_ASSIGNED] = self.splits[index].cluster
-                contents[node] = RecordDict({p.ARRAYS: self.splits[index].model,
-                                             p.CONFIG: node_config})
-            replies = self.send(grid, self.build_messages(contents, MessageType.TRAIN))
-            answered = set()
-            for msg in self.check_replies(replies, self.splits[0].model, "cfl placement"):
-                node = msg.metadata.src_node_id
-                split = self.splits[pending[node]]
-                side = closest_direction(self.updates([msg], split.model)[0], split.directions)
-                position[node] = (split.new_cluster if side else split.cluster, pending[node] + 1)
-                answered.add(node)
+                node_config[p.CFG_ASSIGNED] = split.cluster
+                at_split = [n for n, i in pending.items() if i == index]
+                for msg in self.train_once(at_split, split.model, node_config, grid,
+                                           "cfl placement"):
+                    node = msg.metadata.src_node_id
+                    side = closest_direction(self.updates([msg], split.model)[0],
+                                             split.directions)
+                    position[node] = (split.new_cluster if side else split.cluster, index + 1)
+                    answered.add(node)
             for node in set(pending) - answered:
                 del position[node]
                 log(WARNING, "round %d: node %d gave no usable update for its placement: "

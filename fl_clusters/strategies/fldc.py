@@ -199,10 +199,8 @@ class FLDC(ClusteredStrategy):
         if not newcomers or self.clustering is None:
             return
         self._placement_asked.update(newcomers)
-        record = RecordDict({p.ARRAYS: self._round0_model, p.CONFIG: self._round0_config})
-        replies = self.send(grid, self.build_messages(dict.fromkeys(newcomers, record),
-                                                      MessageType.TRAIN))
-        valid = self.check_replies(replies, self._round0_model, "fldc placement")
+        valid = self.train_once(newcomers, self._round0_model, self._round0_config, grid,
+                                "fldc placement")
         if not valid:
             return
         names = list(self._round0_model.keys())
