@@ -34,8 +34,10 @@ from fl_clusters.client_app import (
     _config,
     _features,
     _identity,
+    _kept_state,
     _mcfl_choice,
     _report,
+    _restore_state,
     _sample_assignment,
     fedem_evaluate,
     fedem_train,
@@ -427,3 +429,5 @@ class ClusteredClient:
             return _features(self.learner(context), message, context)
 
         app.query("identity")(_identity)
+        app.query("state")(_kept_state)
+        app.query("restore")(_restore_state)

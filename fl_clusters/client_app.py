@@ -136,6 +136,23 @@ def _identity(message: Message, context: Context) -> Message:
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
 
+def _kept_state(message: Message, context: Context) -> Message:
+    """Checkpoint: every record this node keeps between rounds (``context.state``)."""
+    return Message(RecordDict(dict(context.state.items())), reply_to=message)
+
+
+def _restore_state(message: Message, context: Context) -> Message:
+    """Resume: take back the records a checkpoint kept, replacing what is kept now.
+
+    A resumed run is a new Flower run, so ``context.state`` starts empty.
+    """
+    for name in list(context.state.keys()):
+        del context.state[name]
+    for name, record in message.content.items():
+        context.state[name] = record
+    return Message(RecordDict(), reply_to=message)
+
+
 def _local_model(context: Context) -> ArrayRecord | None:
     return context.state.array_records.get(LOCAL_MODEL)
 
@@ -479,6 +496,8 @@ def register_handlers(
         return _features(learner_fn(context), message, context)
 
     app.query("identity")(_identity)
+    app.query("state")(_kept_state)
+    app.query("restore")(_restore_state)
     return app
 
 

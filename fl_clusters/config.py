@@ -262,6 +262,14 @@ KEYS: tuple[ConfigKey, ...] = (
         "max-failed-rounds", 3, minimum=1,
         help="stop the run after this many training rounds in a row without a valid reply",
     ),
+    ConfigKey(
+        "checkpoint-every", 0, minimum=0,
+        help="write checkpoint.pkl to the results folder every this many rounds (0 = never)",
+    ),
+    ConfigKey(
+        "resume-from", "",
+        help="results folder (or checkpoint.pkl) of an interrupted run to continue ('' = none)",
+    ),
     # Issue 17: FL+HC and WeCFL (docs/clustering-defaults.md, how the defaults were chosen).
     ConfigKey("flhc-warmup-rounds", 3, minimum=0, help="FL+HC: FedAvg rounds before clustering"),
     ConfigKey("flhc-linkage", "ward", choices=FLHC_LINKAGES, help="FL+HC agglomerative linkage"),

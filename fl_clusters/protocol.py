@@ -34,6 +34,8 @@ QUERY_SAMPLE_ASSIGNMENT = "query.sample_assignment"
 QUERY_FEATURES = "query.features"
 QUERY_CLUSTER_LOSSES = "query.cluster_losses"
 QUERY_IDENTITY = "query.identity"  # start-up handshake: the node's stable key
+QUERY_STATE = "query.state"  # checkpoint: what the node keeps between rounds
+QUERY_RESTORE = "query.restore"  # resume: the kept state, sent back
 
 # Config keys sent by the server.
 CFG_ROUND = "server-round"

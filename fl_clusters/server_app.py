@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fl_clusters import protocol as p
+from fl_clusters.checkpoint import Checkpoint, CheckpointedRounds
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.metrics import (
@@ -404,24 +405,58 @@ def print_summary(summary: dict[str, Any], folder: Path) -> None:
     print(f"results: {folder.resolve()}", flush=True)
 
 
+def results_folder(settings: Mapping[str, Any]) -> Path:
+    """A new results folder's path: time stamp, strategy, and a random suffix."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(settings["results-dir"]) / f"{stamp}-{settings['strategy']}-{uuid.uuid4().hex[:6]}"
+
+
 def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
-    """Run the configured strategy on ``grid`` and write its results folder."""
+    """Run the configured strategy on ``grid`` and write its results folder.
+
+    With ``resume-from`` it continues an interrupted run from its checkpoint
+    (:mod:`fl_clusters.checkpoint`) and writes a new results folder.
+    """
     start = time.time()
+    # A bad resume-from fails before any wait for nodes.
+    resumed = None
+    if settings["resume-from"]:
+        resumed = Checkpoint.load(settings["resume-from"], settings)
     metered = MeteredGrid(grid)
     nodes = wait_for_nodes(metered, settings["min-nodes"])
     # min-nodes is the floor a round needs, not the start-up count: rounds go
     # on with the nodes that are there when one leaves.
     full = {**settings, "min-available-nodes": settings["min-nodes"]}
-    strategy = build_strategy(full)
-    if not isinstance(strategy, ClusteredStrategy):
+    strategy = build_strategy(full) if resumed is None else resumed.strategy
+    keys: dict[int, int | None] = {}
+    rejected = 0
+    if resumed is not None or not isinstance(strategy, ClusteredStrategy):
+        # A resumed run maps the checkpoint's node ids to this run's by key; a
+        # clustered strategy otherwise learns the keys itself (prepare()).
+        keys, rejected = ask_node_keys(metered, nodes, settings["round-timeout"])
+    if resumed is not None:
+        resumed.move_to(keys, metered)
+    if isinstance(strategy, ClusteredStrategy):
+        strategy.node_keys.update(keys)
+        strategy.rejected_replies += rejected
+    else:
         # Flower's FedAvg/FedProx draw nodes with Python's random among the nodes the
         # grid lists, and sum replies in arrival order; simulated node ids are random
         # per run. Listing nodes and replies in handshake-key order and seeding random
         # makes the same seed repeat the run, without touching Flower's strategy.
-        keys, _ = ask_node_keys(metered, nodes, settings["round-timeout"])
         metered.node_order = lambda node: key_order(keys, node)
-        random.seed(settings["seed"])
-    result = strategy.start(
+        if resumed is None:
+            random.seed(settings["seed"])
+        else:
+            random.setstate(resumed.python_random)
+    folder = results_folder(settings)
+    rounds = CheckpointedRounds(
+        strategy, settings, folder,
+        node_keys=lambda: strategy.node_keys if isinstance(strategy, ClusteredStrategy) else keys,
+        start_nodes=nodes if resumed is None else resumed.start_nodes,
+        resumed=resumed,
+    )
+    result = rounds.start(
         grid=metered,
         initial_arrays=initial_arrays(settings),
         num_rounds=settings["num-rounds"],
@@ -436,7 +471,8 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         raise RuntimeError("no node answered the final report; see the log for their errors")
     summary = summarize(rows, result, settings["strategy"], settings)
     summary.update(strategy_fields(strategy, rows))
-    summary.update(node_fields(nodes, final_nodes, metered.nodes_seen, rows, answered))
+    summary.update(node_fields(rounds.start_nodes, final_nodes, metered.nodes_seen, rows,
+                               answered))
     summary.update(history_fields(strategy, rows))
     summary.update(
         wall_time_s=time.time() - start,
@@ -444,10 +480,8 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         bytes_received=metered.bytes_received,
         rejected_replies=getattr(strategy, "rejected_replies", 0),
         unanswered_messages=metered.unanswered,
+        resumed_after_round=None if resumed is None else resumed.server_round,
     )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{stamp}-{settings['strategy']}-{uuid.uuid4().hex[:6]}"
-    folder = Path(settings["results-dir"]) / name
     write_results(folder, settings, result, metered, rows, summary)
     if isinstance(strategy, ClusteredStrategy):
         strategy.write_artifacts(folder)

@@ -418,15 +418,30 @@ class ClusteredStrategy(Strategy):
         strategy-internal send (:meth:`send`), so a node that stalls cannot hold a
         query forever.
         """
-        self.round_timeout = float(kwargs.get("timeout", self.round_timeout))
+        self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)))
+        if evaluate_fn is not None:
+            evaluate_fn = per_cluster_evaluate(evaluate_fn)
+        return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
+
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """What runs before the first round: the handshake, then MCFL's features.
+
+        Nodes already known (a resumed run, :mod:`fl_clusters.checkpoint`) are not
+        asked again.
+
+        Parameters
+        ----------
+        grid : Grid
+            The grid of the run.
+        timeout : float
+            Seconds every send waits for replies (the rounds' timeout).
+        """
+        self.round_timeout = timeout
         self._handshake = True
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         self.learn_node_keys(grid, nodes)
         if self.mcfl:
             self.collect_features(grid, nodes)
-        if evaluate_fn is not None:
-            evaluate_fn = per_cluster_evaluate(evaluate_fn)
-        return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
 
     def send(self, grid: Grid, messages: Iterable[Message]) -> list[Message]:
         """Send strategy-internal ``messages`` and wait at most the round timeout.
