@@ -427,9 +427,25 @@ def _sample_assignment(learner: TorchLearner, message: Message) -> Message:
 
 
 def _cluster_losses(learner: TorchLearner, message: Message) -> Message:
-    """Mean training loss of every cluster model (IFCA restarts)."""
-    models = _candidate_models(message)
-    losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
+    """IFCA restarts: mean training loss of every cluster model of every candidate.
+
+    The message carries the initial model and one seed per candidate; the node
+    draws each candidate's cluster models itself (as the server does) and replies
+    with the losses row-major, one row of ``num-clusters`` values per seed.
+    """
+    config = _config(message)
+    if p.ARRAYS not in message.content.array_records:
+        raise ValueError(
+            f"query.cluster_losses needs the initial model under '{p.ARRAYS}' and "
+            f"'{p.CFG_RESTART_SEEDS}' in its config (docs/protocol.md)"
+        )
+    model = message.content.array_records[p.ARRAYS]
+    losses = []
+    for seed in config.get(p.CFG_RESTART_SEEDS, []):  # type: ignore[union-attr]
+        packed = p.draw_clusters(model, int(config[p.CFG_NUM_CLUSTERS]),  # type: ignore[arg-type]
+                                 int(config.get(p.CFG_HEAD_LAYERS, 0)), int(seed))  # type: ignore[arg-type]
+        losses += [float(learner.per_sample_losses(m, "train").mean())
+                   for m in p.unpack_clusters(packed)]
     metrics = MetricRecord(
         {p.M_CLUSTER_LOSSES: losses, p.M_NUM_EXAMPLES: learner.num_examples()}
     )

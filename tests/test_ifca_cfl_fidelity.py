@@ -114,6 +114,71 @@ def test_ifca_keeps_the_users_pretrained_body_and_draws_only_heads() -> None:
     assert not np.allclose(heads[0], heads[1]) and not np.allclose(heads[1], heads[2])
 
 
+class RestartGrid(NodesOnly):
+    """Answers IFCA's restart query like a client whose losses are given per restart."""
+
+    def __init__(self, nodes: list[int], losses: dict[int, list[float]]) -> None:
+        super().__init__(nodes)
+        self.losses = losses
+        self.sent: list[Message] = []
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+        self.sent += list(messages)
+        return [
+            Message(RecordDict({p.METRICS: MetricRecord({
+                p.M_CLUSTER_LOSSES: self.losses[m.metadata.dst_node_id], p.M_NUM_EXAMPLES: 5,
+            })}), reply_to=m)
+            for m in self.sent
+        ]
+
+
+def test_ifca_restarts_are_scored_in_one_query_that_carries_one_model() -> None:
+    # Issue 18: candidates travel as seeds; each node draws them itself.
+    ifca = IFCA(2, head_layers=1, init="random", restarts=3, min_available_nodes=4, seed=5)
+    start = _model(7.0, np.arange(4.0))
+    # Rows: restart 0 puts every node in cluster 0, restart 1 splits them 2/2,
+    # restart 2 splits 3/1: restart 1 is the most balanced.
+    losses = {n: [0.1, 0.9, *((0.1, 0.9) if n < 3 else (0.9, 0.1)), 0.1 if n < 4 else 0.9,
+                  0.9 if n < 4 else 0.1] for n in (1, 2, 3, 4)}
+    grid = RestartGrid([1, 2, 3, 4], losses)
+    chosen = ifca.initialize(start, grid)  # type: ignore[arg-type]
+    assert len(grid.sent) == 4  # one message per node, not one per restart
+    for message in grid.sent:
+        assert list(message.content.array_records) == [p.ARRAYS]  # one model only
+        config = message.content.config_records[p.CONFIG]
+        assert list(config[p.CFG_RESTART_SEEDS]) == [5, 6, 7]  # type: ignore[arg-type]
+        assert config[p.CFG_NUM_CLUSTERS] == 2 and config[p.CFG_HEAD_LAYERS] == 1
+    expected = p.draw_clusters(start, 2, 1, 6)
+    for key in expected:
+        np.testing.assert_array_equal(chosen[key].numpy(), expected[key].numpy())
+
+
+def test_a_client_scores_the_candidates_the_server_draws() -> None:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from fl_clusters.client_app import _cluster_losses
+    from fl_clusters.learner import TorchLearner
+    from fl_clusters.models import build_model, model_to_arrays
+
+    torch.manual_seed(0)
+    x, y = torch.randn(12, 1, 8, 8), torch.randint(0, 10, (12,))
+    learner = TorchLearner(build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y),
+                           TensorDataset(x, y))
+    start = model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=1))
+    config = ConfigRecord({p.CFG_RESTART_SEEDS: [3, 4], p.CFG_NUM_CLUSTERS: 2,
+                           p.CFG_HEAD_LAYERS: 0})
+    query = Message(RecordDict({p.ARRAYS: start, p.CONFIG: config}), dst_node_id=1,
+                    message_type=p.QUERY_CLUSTER_LOSSES)
+    reply = _cluster_losses(learner, query)
+    losses = list(reply.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES])  # type: ignore[arg-type]
+    expected = [
+        float(learner.per_sample_losses(model, "train").mean())
+        for seed in (3, 4) for model in p.unpack_clusters(p.draw_clusters(start, 2, 0, seed))
+    ]
+    assert losses == pytest.approx(expected) and len(set(losses)) == 4
+
+
 def _two_layer(body: float, head: np.ndarray) -> ArrayRecord:
     return p.numpy_to_record(
         NAMES, [np.full((2, 3), body, np.float32), np.asarray(head, np.float32)]

@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.clustering import group_by_kmeans
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.ifca import IFCA, random_like
+from fl_clusters.strategies.ifca import IFCA
 
 FEDEM_INITS = ("local-kmeans", "random")
 
@@ -113,7 +113,7 @@ class FedEM(ClusteredStrategy):
     def initialize(self, model: ArrayRecord) -> ArrayRecord:
         """Pack M components drawn independently at the scale of ``model``."""
         rng = np.random.default_rng(self.seed)
-        return p.pack_clusters([random_like(model, rng) for _ in range(self.num_components)])
+        return p.pack_clusters([p.random_like(model, rng) for _ in range(self.num_components)])
 
     def _components(self, arrays: ArrayRecord) -> ArrayRecord:
         if not p.is_packed(arrays):
@@ -246,7 +246,7 @@ class FedEM(ClusteredStrategy):
                    for j in range(self.num_components)]
         rng = np.random.default_rng(self.seed)
         # A group k-means left empty (identical updates) starts from a random draw.
-        components = [self.average_models(group) if group else random_like(model, rng)
+        components = [self.average_models(group) if group else p.random_like(model, rng)
                       for group in members]
         self.warm_start_groups = {
             m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)

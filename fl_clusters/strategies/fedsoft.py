@@ -22,7 +22,6 @@ from fl_clusters.clustering import (
     weighted_average,
 )
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.ifca import random_like
 
 FEDSOFT_INITS = ("random", "local-kmeans")
 
@@ -146,7 +145,7 @@ class FedSoft(ClusteredStrategy):
         equally, so the first estimate would put all weight on cluster 0.
         """
         rng = np.random.default_rng(self.seed)
-        return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
+        return p.pack_clusters([p.random_like(model, rng) for _ in range(self.num_clusters)])
 
     # ------------------------------------------------------- importance weights
     def estimate_importance(

@@ -25,41 +25,6 @@ INITS = ("local-kmeans", "random")
 AGGREGATIONS = ("weighted", "paper")
 
 
-def random_like(model: ArrayRecord, rng: np.random.Generator) -> ArrayRecord:
-    """Draw a fresh model with the same shapes and per-array scale as ``model``.
-
-    Each floating array is redrawn uniformly in ``+-sqrt(3) * std`` of the given
-    array (torch's default initializations are uniform, so this matches their
-    scale); constant arrays (zero biases, counters) are kept. IFCA needs k models
-    that start different: k copies of one model make every client pick cluster 0.
-    """
-    names = list(model.keys())
-    arrays = []
-    for name in names:
-        values = model[name].numpy()
-        std = float(values.std()) if np.issubdtype(values.dtype, np.floating) else 0.0
-        if std > 0.0:
-            bound = np.sqrt(3.0) * std
-            values = rng.uniform(-bound, bound, size=values.shape).astype(values.dtype)
-        arrays.append(values)
-    return p.numpy_to_record(names, arrays)
-
-
-def head_keys(model: ArrayRecord, head_layers: int) -> list[str]:
-    """Names of the arrays of the last ``head_layers`` layers (a layer = a name prefix)."""
-    layers: list[str] = []
-    for name in model:
-        layer = name.rsplit(".", 1)[0]
-        if layer not in layers:
-            layers.append(layer)
-    if head_layers > len(layers):
-        raise ValueError(
-            f"head_layers={head_layers} but the model has only {len(layers)} layers {layers}"
-        )
-    chosen = set(layers[len(layers) - head_layers:])
-    return [name for name in model if name.rsplit(".", 1)[0] in chosen]
-
-
 class IFCA(ClusteredStrategy):
     """IFCA with model averaging or gradient averaging, and optional weight sharing.
 
@@ -98,8 +63,9 @@ class IFCA(ClusteredStrategy):
         them tried).
     restarts : int (default: 1)
         With ``init="random"``: random initializations to try; the one whose first
-        loss-based assignment is most balanced across clusters is kept. Each costs
-        one query round that sends all k models to every sampled client.
+        loss-based assignment is most balanced across clusters is kept. All are
+        scored in one query that sends each sampled client the initial model and
+        the candidates' seeds (the client draws the candidates itself).
     init_steps : int (default: 100)
         Local SGD steps of the ``local-kmeans`` round, >= 1. Ten steps from a
         random model leave label-permuted groups under Dirichlet(0.5) skew
@@ -186,49 +152,44 @@ class IFCA(ClusteredStrategy):
 
         With ``restarts`` > 1 and a grid, each candidate initialization is scored by
         how evenly the sampled clients' loss-based choices spread over the clusters.
+        All candidates are scored in one query that carries the initial model and
+        the candidates' seeds: each node draws them itself
+        (:func:`~fl_clusters.protocol.draw_clusters`), so the restarts move one
+        model per node, not ``restarts`` x k.
         """
-        candidates = [self._draw(model, self.seed + r) for r in range(self.restarts)]
-        if len(candidates) == 1 or grid is None:
-            return candidates[0]
+        seeds = [self.seed + r for r in range(self.restarts)]
+        if len(seeds) == 1 or grid is None:
+            return self._draw(model, seeds[0])
         nodes = self.sample(grid, self.fraction_train)
-        best, best_score = candidates[0], -1.0
-        for r, packed in enumerate(candidates):
-            replies = self.send(
-                grid,
-                self.build_messages(
-                    {n: RecordDict({p.CLUSTERS: packed, p.CONFIG: ConfigRecord()}) for n in nodes},
-                    p.QUERY_CLUSTER_LOSSES,
-                )
-            )
-            losses = {p.M_CLUSTER_LOSSES: p.MetricField(length=self.num_clusters)}
-            valid = self.check_replies(replies, None, f"ifca restart {r}", losses)
-            if not valid:
-                # Every sampled client failed: the other candidates would fail the
-                # same way, so asking again only multiplies the failures.
-                log(WARNING, "IFCA restart %d: no valid reply; skipping the remaining "
-                    "restarts and keeping the best candidate so far", r)
-                return best
-            choices = [
-                int(np.argmin(m.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES]))  # type: ignore[arg-type]
-                for m in valid
-            ]
-            counts = np.bincount(choices, minlength=self.num_clusters) if choices else np.zeros(1)
-            shares = counts[counts > 0] / max(counts.sum(), 1)
+        config = ConfigRecord({
+            p.CFG_RESTART_SEEDS: seeds,
+            p.CFG_NUM_CLUSTERS: self.num_clusters,
+            p.CFG_HEAD_LAYERS: self.head_layers,
+        })
+        replies = self.send(grid, self.build_messages(
+            {n: RecordDict({p.ARRAYS: model, p.CONFIG: config}) for n in nodes},
+            p.QUERY_CLUSTER_LOSSES,
+        ))
+        losses = {p.M_CLUSTER_LOSSES: p.MetricField(length=self.restarts * self.num_clusters)}
+        valid = self.check_replies(replies, None, "ifca restarts", losses)
+        if not valid:
+            log(WARNING, "IFCA restarts: no valid reply; keeping the first candidate")
+            return self._draw(model, seeds[0])
+        table = np.array([
+            m.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES] for m in valid
+        ], dtype=float).reshape(len(valid), self.restarts, self.num_clusters)
+        best, best_score = 0, -1.0
+        for r in range(self.restarts):
+            counts = np.bincount(table[:, r].argmin(axis=1), minlength=self.num_clusters)
+            shares = counts[counts > 0] / counts.sum()
             score = float(-(shares * np.log(shares)).sum())  # entropy: balanced is best
             log(INFO, "IFCA restart %d: first-round cluster sizes %s", r, counts.tolist())
             if score > best_score:
-                best, best_score = packed, score
-        return best
+                best, best_score = r, score
+        return self._draw(model, seeds[best])
 
     def _draw(self, model: ArrayRecord, seed: int) -> ArrayRecord:
-        rng = np.random.default_rng(seed)
-        if self.head_layers == 0:
-            return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
-        body, head = p.split_shared(model, head_keys(model, self.head_layers))
-        # Only the heads are drawn: the body is the user's (possibly pretrained) one.
-        return p.pack_clusters(
-            [random_like(head, rng) for _ in range(self.num_clusters)], shared=body
-        )
+        return p.draw_clusters(model, self.num_clusters, self.head_layers, seed)
 
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -273,7 +234,7 @@ class IFCA(ClusteredStrategy):
                 "use ifca-init='random'", server_round, len(valid), self.num_clusters)
             return None, None
         groups = group_by_kmeans(self._init_features(valid, model), self.num_clusters, self.seed)
-        heads = head_keys(model, self.head_layers) if self.head_layers else list(model)
+        heads = p.head_keys(model, self.head_layers) if self.head_layers else list(model)
         body = [name for name in model if name not in heads]
         members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
                    for j in range(self.num_clusters)]
@@ -373,7 +334,7 @@ class IFCA(ClusteredStrategy):
             valid.append((cluster, msg))
         if not valid:
             return None, None
-        heads = head_keys(models[0], self.head_layers) if self.head_layers else list(models[0])
+        heads = p.head_keys(models[0], self.head_layers) if self.head_layers else list(models[0])
         body = [name for name in models[0] if name not in heads]
         members = [[msg for c, msg in valid if c == j] for j in range(self.num_clusters)]
         old_heads = [p.split_shared(model, heads)[1] for model in models]
