@@ -312,6 +312,9 @@ class CheckpointedRounds(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's, at the absolute round."""
+        if self.offset:
+            # Flower's loop counts the resumed rounds from 1; say which round it is.
+            log(INFO, "(resumed run: round %d of the run)", server_round + self.offset)
         return self.strategy.configure_train(server_round + self.offset, arrays, config, grid)
 
     def aggregate_train(
