@@ -357,13 +357,11 @@ def _report(
         raise ValueError("split 'test' of this client is empty")
     # One test pass per model serves the loss, the accuracy and the group counts.
     test_scores = [learner.per_sample_scores(m, "test") for m in models]
-    train_losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
     config = _config(message)
     metrics = MetricRecord(
         {
             "test-accuracy": [float(correct.mean()) for _, correct in test_scores],
             "test-loss": [float(losses.mean(dtype=np.float64)) for losses, _ in test_scores],
-            "train-loss": train_losses,
             "num-test": learner.num_examples("test"),
             p.M_NUM_EXAMPLES: learner.num_examples("train"),
             "test-feature-mean": learner.feature_mean(
@@ -374,6 +372,13 @@ def _report(
             ).tolist(),
         }
     )
+    if int(config.get(p.CFG_ASSIGNED, -1)) < 0:  # type: ignore[arg-type]
+        # Only a node that chooses its cluster itself needs the training losses of
+        # every model (a pass over its training split per model, the report's
+        # largest cost with many clusters); the server names the others' cluster.
+        metrics["train-loss"] = [
+            float(learner.per_sample_losses(m, "train").mean()) for m in models
+        ]
     local = _local_model(context)
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]

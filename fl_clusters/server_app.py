@@ -113,7 +113,8 @@ def report_fields(num_models: int) -> dict[str, p.MetricField]:
     return {
         "test-accuracy": p.MetricField(length=num_models, low=0.0, high=1.0),
         "test-loss": scores,
-        "train-loss": scores,
+        # Only from nodes the server sent no cluster (they choose by it).
+        "train-loss": p.MetricField(length=num_models, required=False),
         "num-test": p.MetricField(low=1.0, integer=True),
         "local-accuracy": p.MetricField(low=0.0, high=1.0, required=False),
     }
@@ -159,6 +160,10 @@ def collect_report(
             log(WARNING, "report: rejected reply from node %d: %s", node, problem)
             continue
         assigned = getattr(strategy, "assignment_for", lambda _: None)(node)
+        if assigned is None and "train-loss" not in metrics:
+            log(WARNING, "report: rejected reply from node %d: no 'train-loss' to choose its "
+                "cluster by", node)
+            continue
         row = {key: metrics[key] for key in metrics}
         row["node-id"] = node
         row["assigned"] = (

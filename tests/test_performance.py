@@ -158,3 +158,44 @@ def test_server_sizes_the_model_without_loading_the_data(monkeypatch: pytest.Mon
     assert list(arrays.keys()) == list(model.state_dict().keys())
     for name, value in model.state_dict().items():
         np.testing.assert_array_equal(arrays[name].numpy(), value.numpy())
+
+
+class _CountingLearner(TorchLearner):
+    """Counts the passes over each split."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.passes: dict[str, int] = {"train": 0, "test": 0}
+
+    def per_sample_losses(self, arrays, split="train"):  # type: ignore[no-untyped-def]
+        self.passes[split] += 1
+        return super().per_sample_losses(arrays, split)
+
+
+@pytest.mark.parametrize("assigned", [-1, 1])
+def test_the_report_scores_training_data_only_for_a_node_that_chooses_itself(
+    assigned: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 18: with many clusters the training passes were the report's largest cost.
+    from flwr.app import ConfigRecord, Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from fl_clusters import protocol as p
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    x, y = _data()
+    learner = _CountingLearner(build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y),
+                               TensorDataset(x, y))
+    models = [model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=s)) for s in range(3)]
+    message = Message(RecordDict({
+        p.CLUSTERS: p.pack_clusters(models),
+        p.CONFIG: ConfigRecord({p.CFG_ASSIGNED: assigned}),
+    }), dst_node_id=1, message_type=p.QUERY_REPORT)
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    metrics = client_app._report(learner, message, context, {}).content.metric_records[p.METRICS]
+    assert len(metrics["test-accuracy"]) == 3  # type: ignore[arg-type]
+    if assigned < 0:
+        assert len(metrics["train-loss"]) == 3 and learner.passes["train"] == 3  # type: ignore[arg-type]
+    else:
+        assert "train-loss" not in metrics and learner.passes["train"] == 0

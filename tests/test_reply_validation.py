@@ -211,16 +211,19 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
         2: {**good, "test-accuracy": [math.nan, 0.9]},
         3: {**good, "train-loss": [0.3]},
         4: None,
+        # IFCA sent it no cluster: it must say which model fits its training data.
+        5: {key: value for key, value in good.items() if key != "train-loss"},
     }
     grid = MeteredGrid(ReportGrid(answers))  # type: ignore[arg-type]
     packed = p.pack_clusters([_model(), _model()])
     settings_ = {"mcfl-feature-samples": 8, "round-timeout": 5.0}
-    rows, answered = collect_report(grid, IFCA(2), packed, [1, 2, 3, 4], settings_)
-    assert answered == {1, 2, 3, 4}
+    rows, answered = collect_report(grid, IFCA(2), packed, [1, 2, 3, 4, 5], settings_)
+    assert answered == {1, 2, 3, 4, 5}
     assert [r["node-id"] for r in rows] == [1]
     assert rows[0]["assigned"] == 1  # lowest training loss
-    fields = node_fields([1, 2, 3, 4, 9], [1, 2, 3, 4], {1, 2, 3, 4, 9}, rows, answered)
-    assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4]}
+    fields = node_fields([1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 5], {1, 2, 3, 4, 5, 9}, rows,
+                         answered)
+    assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4, 5]}
     assert set(report_fields(2)) >= {"test-accuracy", "train-loss", "num-test"}
 
 
