@@ -239,6 +239,11 @@ KEYS: tuple[ConfigKey, ...] = (
         help="CFL relative gate: eps2 = this x the largest update norm of the first rounds",
     ),
     ConfigKey(
+        "cfl-min-silhouette", 0.4, minimum=-1.0, maximum=1.0,
+        help="CFL: split only when the updates' best silhouette over 2..10 groups is >= this "
+             "(-1 = off)",
+    ),
+    ConfigKey(
         "acfl-gate", "relative", choices=GATES,
         help="ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
     ),

@@ -120,11 +120,12 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
 
 def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     settings = parse_run_config(
-        {"strategy": "cfl", "cfl-eps1": 0.3, "cfl-eps2": 0.7, "cfl-split-threshold": 0.2}
+        {"strategy": "cfl", "cfl-eps1": 0.3, "cfl-eps2": 0.7, "cfl-split-threshold": 0.2,
+         "cfl-min-silhouette": -1.0}
     )
     cfl = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(cfl, CFL)
-    assert (cfl.eps1, cfl.eps2, cfl.split_threshold) == (0.3, 0.7, 0.2)
+    assert (cfl.eps1, cfl.eps2, cfl.split_threshold, cfl.min_silhouette) == (0.3, 0.7, 0.2, -1.0)
     settings = parse_run_config({"strategy": "acfl", "acfl-beta": -0.5, "acfl-max-rejections": 2})
     acfl = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(acfl, ACFL)
@@ -141,6 +142,7 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     [
         (lambda: CFL(eps1=-0.1), "eps1"),
         (lambda: CFL(split_threshold=1.5), "split_threshold"),
+        (lambda: CFL(min_silhouette=-2.0), "cfl-min-silhouette"),
         (lambda: CFL(warmup_rounds=-1), "warmup_rounds"),
         (lambda: ACFL(max_rejections=0), "max_rejections"),
         (lambda: ACFL(beta=float("nan")), "beta"),

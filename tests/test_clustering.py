@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 
 from fl_clusters.clustering import (
     DensityClustering,
@@ -14,6 +14,7 @@ from fl_clusters.clustering import (
     assign_by_loss,
     bipartition_by_cosine,
     cluster_feature_means,
+    cluster_structure_score,
     decide_cfl_split,
     flatten_models,
     group_by_kmeans,
@@ -129,6 +130,45 @@ def test_cross_similarity_threshold_blocks_splitting_one_distribution() -> None:
     assert decision.max_cross_similarity > 0.5
     assert not decision.split
     np.testing.assert_array_equal(decision.labels, np.zeros(12))
+
+
+@pytest.mark.parametrize("sizes", [[5] * 8, [5] * 4, [10, 6, 3, 1]])
+def test_structure_score_sees_tight_groups_whatever_their_number(sizes: list[int]) -> None:
+    updates, _ = planted_updates(sizes, noise=1.0)  # within-group cosine ~0.5
+    score, num_clusters = cluster_structure_score(pairwise_cosine(updates))
+    assert score >= 0.4
+    assert num_clusters >= len(sizes) - 1  # a group of one may join another
+    # With 8 groups the bipartition's own silhouette is below the bar: each half
+    # holds 4 groups, which is why the score searches k.
+    if len(sizes) == 8:
+        labels, _ = bipartition_by_cosine(pairwise_cosine(updates))
+        distance = np.clip(1.0 - pairwise_cosine(updates), 0.0, None)
+        np.fill_diagonal(distance, 0.0)
+        assert silhouette_score(distance, labels, metric="precomputed") < 0.4
+
+
+def test_cfl_does_not_cut_one_noisy_distribution_below_the_cross_threshold() -> None:
+    # Five clients of one distribution whose updates differ by sample noise
+    # (cosine ~0.3): the cross similarity of the best cut falls below 0.45, so
+    # the paper's rule splits them; the structure score (~0.05-0.12) does not.
+    for seed in range(3):
+        updates, _ = planted_updates([5], noise=1.5, seed=seed)
+        paper = decide_cfl_split(updates, eps1=10.0, eps2=0.0, gamma_max=0.45)
+        guarded = decide_cfl_split(updates, eps1=10.0, eps2=0.0, gamma_max=0.45,
+                                   min_structure=0.4)
+        assert paper.split and paper.max_cross_similarity < 0.45
+        assert not guarded.split and guarded.structure_score < 0.2
+        np.testing.assert_array_equal(guarded.labels, np.zeros(5))
+
+
+def test_structure_score_and_its_threshold_reject_bad_input() -> None:
+    with pytest.raises(ValueError, match="N >= 3"):
+        cluster_structure_score(np.eye(2))
+    with pytest.raises(ValueError, match="max_clusters"):
+        cluster_structure_score(np.eye(4), max_clusters=1)
+    with pytest.raises(ValueError, match="min_structure"):
+        decide_cfl_split(np.ones((4, 3)), eps1=1.0, eps2=0.0, gamma_max=0.5,
+                         min_structure=1.5)
 
 
 def test_cluster_of_one_never_splits() -> None:

@@ -15,6 +15,7 @@ from fl_clusters.clustering.assignment import (
 from fl_clusters.clustering.bipartition import (
     CFLSplitDecision,
     bipartition_by_cosine,
+    cluster_structure_score,
     decide_cfl_split,
     should_split,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "bipartition_by_cosine",
     "closest_direction",
     "cluster_feature_means",
+    "cluster_structure_score",
     "decide_cfl_split",
     "e_step",
     "fit_mixture_weights",

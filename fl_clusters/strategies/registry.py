@@ -62,6 +62,7 @@ def _cfl(settings: Settings) -> Strategy:
         eps1=settings["cfl-eps1"],
         eps2=settings["cfl-eps2"],
         split_threshold=settings["cfl-split-threshold"],
+        min_silhouette=settings["cfl-min-silhouette"],
         warmup_rounds=settings["cfl-warmup-rounds"],
         **_inter_cluster(settings),
         **_common(settings),
