@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import silhouette_score
 
@@ -81,14 +83,13 @@ def cluster_structure_score(
         raise ValueError(f"max_clusters={max_clusters} must be >= 2")
     distance = np.clip(1.0 - matrix, 0.0, None)
     np.fill_diagonal(distance, 0.0)
-    count = matrix.shape[0]
+    # One complete-linkage tree, cut at every k: refitting per k rebuilds the same tree.
+    tree = linkage(squareform(distance, checks=False), method="complete")
     best, best_k = -1.0, 2
-    for k in range(2, min(max_clusters, max(2, count // 2)) + 1):
-        labels = (
-            AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="complete")
-            .fit(distance)
-            .labels_
-        )
+    for k in range(2, min(max_clusters, max(2, matrix.shape[0] // 2)) + 1):
+        labels = fcluster(tree, k, criterion="maxclust")
+        if len(np.unique(labels)) < 2:  # all distances tied: no cut separates anyone
+            continue
         score = float(silhouette_score(distance, labels, metric="precomputed"))
         if score > best:
             best, best_k = score, k
@@ -139,8 +140,8 @@ class CFLSplitDecision:
         Largest similarity across the proposed bipartition (computed even when
         the norms do not qualify, for logging); NaN for fewer than 2 clients.
     structure_score : float
-        :func:`cluster_structure_score` of the updates; NaN for fewer than
-        ``MIN_SPLIT_MEMBERS`` clients.
+        :func:`cluster_structure_score` of the updates; NaN where it did not
+        decide (another test already refused the split, or the test is off).
     """
 
     split: bool
@@ -211,13 +212,14 @@ def decide_cfl_split(
         return CFLSplitDecision(False, np.zeros(count, dtype=np.int64), mean_norm, max_norm, np.nan)
     similarity = pairwise_cosine(updates)
     labels, max_cross = bipartition_by_cosine(similarity)
+    # The group test only decides a split the other tests let through; skipped
+    # otherwise (a tree and up to 9 silhouettes per cluster and round).
+    candidate = norms_qualify and count >= MIN_SPLIT_MEMBERS and max_cross < gamma_max
     structure = (
-        cluster_structure_score(similarity)[0] if count >= MIN_SPLIT_MEMBERS else np.nan
+        cluster_structure_score(similarity)[0]
+        if candidate and min_structure > -1.0 else np.nan
     )
-    split = (
-        norms_qualify and count >= MIN_SPLIT_MEMBERS and max_cross < gamma_max
-        and structure >= min_structure
-    )
+    split = candidate and (min_structure <= -1.0 or structure >= min_structure)
     return CFLSplitDecision(
         split=split,
         labels=labels if split else np.zeros(count, dtype=np.int64),
