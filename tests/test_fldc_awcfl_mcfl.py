@@ -44,6 +44,19 @@ class StubGrid:
     def get_node_ids(self) -> list[int]:
         return self.nodes
 
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        # What a grid does on push: give every message an id (MeteredGrid pulls by id).
+        self._pushed = list(messages)
+        for i, msg in enumerate(self._pushed):
+            msg.metadata.__dict__["_message_id"] = f"m{i}"
+        return [msg.metadata.message_id for msg in self._pushed]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        wanted = set(message_ids)
+        pushed = [msg for msg in self._pushed if msg.metadata.message_id in wanted]
+        self._pushed = [msg for msg in self._pushed if msg not in pushed]
+        return self.send_and_receive(pushed) if pushed else []
+
     def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
         replies = []
         for msg in messages:

@@ -12,6 +12,7 @@ from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fl_clusters import metrics as metrics_module
 from fl_clusters import protocol as p
 from fl_clusters.client_app import node_key
 from fl_clusters.metrics import MeteredGrid
@@ -287,3 +288,59 @@ def test_the_client_key_is_the_partition_id_else_a_stable_hash() -> None:
     assert node_key(context({"partition-id": 4, "num-partitions": 8})) == 4
     assert node_key(context({"site": "a"})) == node_key(context({"site": "a"}))
     assert node_key(context({"site": "a"})) != node_key(context({"site": "b"}))
+
+
+class SlowNodes(StubGrid):
+    """Node n's reply can be pulled only from fake time ``n`` seconds on."""
+
+    def __init__(self, nodes: list[int], clock: list[float]) -> None:
+        super().__init__(nodes)
+        self.clock = clock
+        self.pulls = 0
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        self.pulls += 1
+        wanted = set(message_ids)
+        ready = [m for m in self._pushed
+                 if m.metadata.message_id in wanted and m.metadata.dst_node_id <= self.clock[0]]
+        self._pushed = [m for m in self._pushed if m not in ready]
+        return [Message(RecordDict({p.METRICS: MetricRecord({p.M_NUM_EXAMPLES: 1})}), reply_to=m)
+                for m in ready]
+
+
+@pytest.mark.parametrize("timeout", [None, 2.5])
+def test_the_metered_grid_pulls_soon_after_sending_and_less_often_as_it_waits(
+    server_identity: None, monkeypatch: pytest.MonkeyPatch, timeout: float | None  # noqa: F811
+) -> None:
+    clock = [0.0]
+    pauses: list[float] = []
+
+    class FakeTime:
+        @staticmethod
+        def monotonic() -> float:
+            return clock[0]
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+            clock[0] += seconds
+
+    monkeypatch.setattr(metrics_module, "time", FakeTime)
+    inner = SlowNodes([1, 2, 3], clock)
+    grid = MeteredGrid(inner)  # type: ignore[arg-type]
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.TRAIN)
+                for n in (1, 2, 3)]
+    replies = list(grid.send_and_receive(messages, timeout=timeout))
+    got = sorted(m.metadata.src_node_id for m in replies)
+    # Flower's in-memory grid would first pull again after 0.1 s, its gRPC grid after 3 s.
+    assert pauses[0] == metrics_module.PULL_FIRST_S
+    assert max(pauses) <= metrics_module.PULL_MAX_S
+    # The interval only grows with the wait (the last pause may be cut to the timeout).
+    assert pauses[:-1] == sorted(pauses[:-1])
+    if timeout is None:
+        assert got == [1, 2, 3] and grid.unanswered == 0
+        # Node 3's reply (ready at t = 3 s) is collected within 5 % of the wait.
+        assert clock[0] <= 3 * (1 + metrics_module.PULL_SHARE) + metrics_module.PULL_FIRST_S
+    else:
+        assert got == [1, 2] and grid.unanswered == 1
+        assert clock[0] == pytest.approx(timeout)
