@@ -7,12 +7,12 @@ local SGD steps per client per round, FedAvg (or IFCA's loss-based choice and
 per-cluster) averaging and every client's test evaluation each round, one client after
 the other in one process with one torch thread (a client's ``torch-threads``).
 
-Round times come from the timestamps of Flower's ``[ROUND r/N]`` log lines (taken as
-the lines arrive), the end of round N from its ``Strategy execution finished`` line.
-``flwr run --stream`` delivers lines in batches every 0.2 to 0.5 s, so there rounds
-shorter than about a second are not resolved; Flower's own time of all rounds
-(``strategy_s``, round 1 included) is recorded next to them. Start-up is measured from
-the start of the federation's (or the plain loop's) process. Bytes, ARI and accuracy come
+Round times are the ServerApp's own (``seconds`` in the run's rounds.jsonl: from
+sending a round's training messages to aggregating its evaluation). Start-up is
+measured from the start of the federation's (or the plain loop's) process to the
+arrival of Flower's ``[ROUND 1/N]`` log line, which ``flwr run --stream`` delivers in
+batches every 0.2 to 0.5 s; Flower's own time of all rounds (``strategy_s``, round 1
+included) is recorded next to them. Bytes, ARI and accuracy come
 from the run's ``summary.json``. Peak memory is reported twice: ``getrusage``'s maxrss
 of one process (see the ``memory`` entries' ``rusage`` text) and the peak summed RSS of
 the process tree, sampled every 0.5 s from /proc (shared pages count once per process).
@@ -189,7 +189,8 @@ def run_config(
 
 
 def read_summary(results_dir: str) -> dict[str, Any]:
-    """The summary.json fields this benchmark reports, from a job's results folder.
+    """The summary.json fields this benchmark reports and the round times, from a job's
+    results folder (``round_s``: every round's ``seconds`` in rounds.jsonl).
 
     Raises
     ------
@@ -201,7 +202,11 @@ def read_summary(results_dir: str) -> dict[str, Any]:
         raise RuntimeError(f"expected one summary.json under {results_dir}, found {len(found)}")
     summary = json.loads(found[0].read_text())
     keys = ("wall_time_s", "bytes_sent", "bytes_received", "ari", "personalized_accuracy")
-    return {key: summary[key] for key in keys}
+    rounds = (found[0].parent / "rounds.jsonl").read_text().splitlines()
+    return {
+        **{key: summary[key] for key in keys},
+        "round_s": [json.loads(line)["seconds"] for line in rounds],
+    }
 
 
 def round_stats(round_s: list[float]) -> dict[str, Any]:
@@ -295,15 +300,15 @@ def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
         subprocess.run([ROOT / "deploy" / "stop-local-superlink.sh", "--quiet"], check=True)
     try:
         summary = read_summary(config["results-dir"])
-        round_s = marks.round_seconds(config["num-rounds"])
+        marks.round_seconds(config["num-rounds"])  # every round's line came
     except RuntimeError as err:
         raise RuntimeError(f"{err}; flwr run exited {proc.returncode}:\n{''.join(tail)}") from err
     return {
         "command": command,
         "wall_s": end - t0,
-        **federation_stats(t0, round_s, marks.starts[1], marks.strategy_s),  # type: ignore[arg-type]
-        "round_marks": "arrival of the streamed lines, which come in batches every 0.2 to "
-        "0.5 s: rounds shorter than about 1 s are not resolved (see strategy_round_mean_s)",
+        **federation_stats(t0, summary.pop("round_s"), marks.starts[1], marks.strategy_s),  # type: ignore[arg-type]
+        "round_marks": "round 1's start: arrival of its streamed line (lines come in batches "
+        "every 0.2 to 0.5 s); round times: the ServerApp's, from rounds.jsonl",
         "summary": summary,
         "memory": {
             "rusage_maxrss_mb": _maxrss_mb(usage),
@@ -354,7 +359,6 @@ def _simulation_child(
     conn.send(
         {
             "end": time.monotonic(),
-            "round_s": marks.round_seconds(config["num-rounds"]),
             "round1_start": marks.starts[1],
             "strategy_s": marks.strategy_s,
             "maxrss_mb": _maxrss_mb(resource.getrusage(resource.RUSAGE_SELF)),
@@ -365,12 +369,15 @@ def _simulation_child(
 def federation_simulation(config: dict[str, Any], clients: int) -> dict[str, Any]:
     """Run one job with ``run_simulation`` (as tests/conftest.py does) in a fresh process."""
     result, t0, tree_mb = in_fresh_process(_simulation_child, config, clients)
+    summary = read_summary(config["results-dir"])
     return {
         "command": "flwr.simulation.run_simulation in a spawned process",
         "wall_s": result["end"] - t0,
-        **federation_stats(t0, result["round_s"], result["round1_start"], result["strategy_s"]),
-        "round_marks": "emission of the flwr logger's records in the simulation's process",
-        "summary": read_summary(config["results-dir"]),
+        **federation_stats(t0, summary.pop("round_s"), result["round1_start"],
+                           result["strategy_s"]),
+        "round_marks": "round 1's start: emission of the flwr logger's record in the "
+        "simulation's process; round times: the ServerApp's, from rounds.jsonl",
+        "summary": summary,
         "memory": {
             "rusage_maxrss_mb": result["maxrss_mb"],
             "rusage": "maxrss of the process that called run_simulation (RUSAGE_SELF): the "

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import pickle
 import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -298,6 +299,10 @@ class CheckpointedRounds(Strategy):
         self.evaluate_metrics = {} if resumed is None else dict(resumed.evaluate_metrics)
         self.timeout = float(settings["round-timeout"])
         self._grid: MeteredGrid | None = None
+        # Absolute round -> seconds from its configure_train to the end of its
+        # aggregate_evaluate, for the rounds this process ran (not kept in checkpoints).
+        self.round_seconds: dict[int, float] = {}
+        self._round_started = 0.0
 
     def summary(self) -> None:
         """Log the wrapped strategy's summary, and where checkpoints go."""
@@ -315,6 +320,7 @@ class CheckpointedRounds(Strategy):
         if self.offset:
             # Flower's loop counts the resumed rounds from 1; say which round it is.
             log(INFO, "(resumed run: round %d of the run)", server_round + self.offset)
+        self._round_started = time.monotonic()
         return self.strategy.configure_train(server_round + self.offset, arrays, config, grid)
 
     def aggregate_train(
@@ -346,6 +352,7 @@ class CheckpointedRounds(Strategy):
         metrics = self.strategy.aggregate_evaluate(absolute, replies)
         if metrics is not None:
             self.evaluate_metrics[absolute] = metrics
+        self.round_seconds[absolute] = time.monotonic() - self._round_started
         if self.every and absolute % self.every == 0:
             self.write_checkpoint(absolute)
         return metrics

@@ -352,8 +352,12 @@ def write_results(
     grid: MeteredGrid,
     rows: list[dict[str, Any]],
     summary: dict[str, Any],
+    round_seconds: Mapping[int, float] | None = None,
 ) -> None:
     """Write run config, per-round metrics, assignments, models and summary.
+
+    ``round_seconds`` (absolute round -> wall seconds) gives rounds.jsonl its
+    ``seconds`` field; a round it lacks (run before a resume) gets ``null``.
 
     Raises
     ------
@@ -378,6 +382,7 @@ def write_results(
                 "evaluate": {k: evaluate[k] for k in evaluate},
                 "bytes_sent": grid.sent.get(server_round, 0),
                 "bytes_received": grid.received.get(server_round, 0),
+                "seconds": (round_seconds or {}).get(server_round),
             }
             out.write(strict_json(line) + "\n")
     with (folder / "assignments.csv").open("w") as out:
@@ -487,7 +492,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         unanswered_messages=metered.unanswered,
         resumed_after_round=None if resumed is None else resumed.server_round,
     )
-    write_results(folder, settings, result, metered, rows, summary)
+    write_results(folder, settings, result, metered, rows, summary, rounds.round_seconds)
     if isinstance(strategy, ClusteredStrategy):
         strategy.write_artifacts(folder)
     if settings["plots"]:

@@ -115,6 +115,10 @@ def test_a_resumed_run_ends_exactly_like_the_uninterrupted_one(
     ]
     assert len(rounds[0]) == 4 and all(line["evaluate"] for line in rounds[0])
     assert rounds[0] == rounds[1]
+    # Round times are known for the rounds this process ran, not those before the resume.
+    seconds = [json.loads(line)["seconds"] for line in
+               (resumed["_folder"] / "rounds.jsonl").read_text().splitlines()]
+    assert seconds[:2] == [None, None] and all(s > 0 for s in seconds[2:])
     models = [np.load(run["_folder"] / "models.npz") for run in (resumed, whole)]
     assert sorted(models[0].files) == sorted(models[1].files)
     for key in models[0].files:

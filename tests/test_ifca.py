@@ -34,6 +34,7 @@ def test_ifca_recovers_rotations_and_beats_fedavg(federation) -> None:
     rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
     assert len(rounds) == ROTATION["num-rounds"]
     assert all(r["bytes_sent"] > 0 and r["bytes_received"] > 0 for r in rounds)
+    assert all(0 < r["seconds"] < ifca["wall_time_s"] for r in rounds)
     models = np.load(folder / "models.npz")
     assert sum(key.startswith("cluster-3/") for key in models.files) > 0
 
