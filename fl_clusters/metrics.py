@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.superlink.grid import InMemoryGrid
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
@@ -77,6 +78,10 @@ def record_bytes(content: RecordDict) -> int:
 PULL_FIRST_S = 0.002
 PULL_SHARE = 0.05
 PULL_MAX_S = 0.5
+# In simulation at most this many messages wait in Flower's in-memory state at once:
+# its dispatcher checks every stored message for every node every 0.1 s, so a tick
+# costs nodes x stored messages (docs/performance.md).
+SIMULATION_IN_FLIGHT = 128
 
 
 class MeteredGrid(Grid):
@@ -88,8 +93,8 @@ class MeteredGrid(Grid):
 
     ``send_and_receive`` pushes and pulls through the wrapped grid itself, pulling
     at an interval that grows with the wait (2 ms at first, 5 % of the time
-    waited, at most 0.5 s), so a reply is collected within 5 % of the round's time
-    instead of after Flower's fixed pull interval.
+    waited since the last push, at most 0.5 s), so a reply is collected within
+    5 % of the round's time instead of after Flower's fixed pull interval.
 
     With ``node_order`` set it also lists nodes and returns replies in that order,
     so a strategy that draws among the listed nodes by position (Flower's FedAvg
@@ -99,9 +104,19 @@ class MeteredGrid(Grid):
     ----------
     grid : Grid
         The Grid to wrap.
+    max_in_flight : int | None
+        Most messages pushed and not yet answered at once; the rest are pushed as
+        replies come in. ``None``: ``SIMULATION_IN_FLIGHT`` for Flower's
+        simulation grid (``InMemoryGrid``), no limit otherwise (deployed
+        SuperNodes fetch their own messages, and all should train at once).
     """
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, max_in_flight: int | None = None) -> None:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
+        if max_in_flight is None and isinstance(grid, InMemoryGrid):
+            max_in_flight = SIMULATION_IN_FLIGHT
+        self.max_in_flight = max_in_flight
         self._grid = grid
         self.node_order: Callable[[int], Any] | None = None
         self.sent: dict[int, int] = defaultdict(int)
@@ -162,18 +177,26 @@ class MeteredGrid(Grid):
         """Send, receive and count; wait at most ``timeout`` seconds (``None``: for all)."""
         messages = list(messages)
         server_round = self._count_sent(messages)
-        pending = set(self._grid.push_messages(messages))
+        window = self.max_in_flight or max(1, len(messages))
+        waiting = messages[::-1]  # popped from the end: sent in the given order
+        pending: set[str] = set()
         replies: list[Message] = []
-        start = time.monotonic()
+        start = pushed_at = time.monotonic()
         while True:
+            if waiting and len(pending) < window:
+                batch = [waiting.pop() for _ in range(min(len(waiting), window - len(pending)))]
+                pending.update(self._grid.push_messages(batch))
+                pushed_at = time.monotonic()
             pulled = list(self._grid.pull_messages(pending))
             replies += pulled
             pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
-            waited = time.monotonic() - start
-            if not pending or (timeout is not None and waited >= timeout):
+            now = time.monotonic()
+            if (not pending and not waiting) or (timeout is not None and now - start >= timeout):
                 break
-            pause = min(max(PULL_FIRST_S, PULL_SHARE * waited), PULL_MAX_S)
-            time.sleep(pause if timeout is None else min(pause, timeout - waited))
+            if pulled and waiting:
+                continue  # free slots: push the next messages now
+            pause = min(max(PULL_FIRST_S, PULL_SHARE * (now - pushed_at)), PULL_MAX_S)
+            time.sleep(pause if timeout is None else min(pause, start + timeout - now))
         self._count_received(replies, server_round)
         self.unanswered += max(0, len(messages) - len(replies))
         if self.node_order is not None:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.superlink.grid import InMemoryGrid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -344,3 +345,44 @@ def test_the_metered_grid_pulls_soon_after_sending_and_less_often_as_it_waits(
     else:
         assert got == [1, 2] and grid.unanswered == 1
         assert clock[0] == pytest.approx(timeout)
+
+
+def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
+    server_identity: None,  # noqa: F811
+) -> None:
+    class Counting(StubGrid):
+        def __init__(self) -> None:
+            super().__init__([1, 2, 3, 4, 5])
+            self.outstanding, self.most, self.order = 0, 0, []  # type: ignore[var-annotated]
+            self._pushed = []
+
+        def push_messages(self, messages: Iterable[Message]) -> list[str]:
+            messages = list(messages)
+            self.order += [m.metadata.dst_node_id for m in messages]
+            self.outstanding += len(messages)
+            self.most = max(self.most, self.outstanding)
+            for m in messages:
+                m.metadata.__dict__["_message_id"] = f"m{m.metadata.dst_node_id}"
+            self._pushed += messages
+            return [m.metadata.message_id for m in messages]
+
+        def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+            answered, self._pushed = self._pushed[:1], self._pushed[1:]  # one reply a pull
+            self.outstanding -= len(answered)
+            return [Message(RecordDict({p.METRICS: MetricRecord({p.M_NUM_EXAMPLES: 1})}),
+                            reply_to=m) for m in answered]
+
+    inner = Counting()
+    grid = MeteredGrid(inner, max_in_flight=2)  # type: ignore[arg-type]
+    messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.TRAIN)
+                for n in (1, 2, 3, 4, 5)]
+    replies = list(grid.send_and_receive(messages, timeout=None))
+    assert sorted(m.metadata.src_node_id for m in replies) == [1, 2, 3, 4, 5]
+    assert inner.most == 2 and inner.order == [1, 2, 3, 4, 5]
+    # Deployed SuperNodes all train at once: no limit unless asked for; Flower's
+    # simulation grid gets the window by default.
+    assert MeteredGrid(StubGrid([1])).max_in_flight is None  # type: ignore[arg-type]
+    simulated = MeteredGrid(InMemoryGrid.__new__(InMemoryGrid))
+    assert simulated.max_in_flight == metrics_module.SIMULATION_IN_FLIGHT
+    with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
+        MeteredGrid(inner, max_in_flight=0)  # type: ignore[arg-type]
