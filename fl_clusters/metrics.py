@@ -73,8 +73,8 @@ def record_bytes(content: RecordDict) -> int:
 
 
 # Replies are pulled after PULL_FIRST_S, then every PULL_SHARE of the time waited so
-# far, at most every PULL_MAX_S. Flower's grids sleep a fixed 0.1 s (simulation) or
-# 3 s (deployment) between pulls, which is the whole cost of a short round.
+# far, at most every PULL_MAX_S. Flower's grids sleep a fixed 0.1 s (InMemoryGrid,
+# simulation) or 3 s (HttpGrid, deployment) between pulls: most of a short round.
 PULL_FIRST_S = 0.002
 PULL_SHARE = 0.05
 PULL_MAX_S = 0.5
