@@ -40,16 +40,22 @@ class StubGrid:
     def __init__(self, nodes: list[int], features: dict[int, list[float]] | None = None) -> None:
         self.nodes = nodes
         self.features = features or {}
+        self._pushed: list[Message] = []  # pushed, reply not pulled yet
+        self._pushed_count = 0
 
     def get_node_ids(self) -> list[int]:
         return self.nodes
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
-        # What a grid does on push: give every message an id (MeteredGrid pulls by id).
-        self._pushed = list(messages)
-        for i, msg in enumerate(self._pushed):
-            msg.metadata.__dict__["_message_id"] = f"m{i}"
-        return [msg.metadata.message_id for msg in self._pushed]
+        # What a grid does on push: give every message a new id (MeteredGrid pulls by id)
+        # and keep it until its reply is pulled.
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{self._pushed_count}"
+            self._pushed_count += 1
+            self._pushed.append(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
         wanted = set(message_ids)

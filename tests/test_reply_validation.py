@@ -354,17 +354,13 @@ def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
         def __init__(self) -> None:
             super().__init__([1, 2, 3, 4, 5])
             self.outstanding, self.most, self.order = 0, 0, []  # type: ignore[var-annotated]
-            self._pushed = []
 
         def push_messages(self, messages: Iterable[Message]) -> list[str]:
             messages = list(messages)
             self.order += [m.metadata.dst_node_id for m in messages]
             self.outstanding += len(messages)
             self.most = max(self.most, self.outstanding)
-            for m in messages:
-                m.metadata.__dict__["_message_id"] = f"m{m.metadata.dst_node_id}"
-            self._pushed += messages
-            return [m.metadata.message_id for m in messages]
+            return super().push_messages(messages)
 
         def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
             answered, self._pushed = self._pushed[:1], self._pushed[1:]  # one reply a pull
