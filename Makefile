@@ -8,6 +8,9 @@ SHELL := /bin/bash
 # Our processes already have every dependency; Flower must not re-install them
 # into a runtime environment per run (multi-GB torch download).
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+# The local SuperLink's SuperExec looks for a new run once a second by default;
+# every `flwr run` waited up to that long before its simulation started.
+export FLWR_SUPEREXEC_TASK_POLL_INTERVAL := 0.1
 
 # Filter for `flwr run --stream`'s output, which still streams through it.
 # Flower's simulation process logs its (empty) exit message after the ServerApp

@@ -274,6 +274,7 @@ def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
     env = {
         **os.environ,
         "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # as the Makefile sets it
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     _wait_for_no_superlink()

@@ -121,8 +121,10 @@ descendants() {
 # Apps outside this checkout (examples/) import fl_clusters. When the project is
 # used from a checkout rather than pip-installed, let them find it here. Flower
 # puts the app's own unpacked FAB first on sys.path, so the FAB still wins for
-# the fl-clusters app itself.
-if ! (cd / && "$PYTHON" -c "import fl_clusters" 2>/dev/null); then
+# the fl-clusters app itself. find_spec looks the package up without importing it
+# (every make run and deploy script sources this file).
+if ! (cd / && "$PYTHON" -c "import importlib.util, sys
+sys.exit(importlib.util.find_spec('fl_clusters') is None)" 2>/dev/null); then
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$REPO_ROOT"
 fi
 

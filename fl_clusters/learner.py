@@ -47,6 +47,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def _sgd_step(params: Sequence[torch.Tensor], lr: float) -> None:
+    """One plain SGD step, ``p -= lr * p.grad``: what ``torch.optim.SGD(lr=lr).step()`` does.
+
+    Written out because constructing ``torch.optim.SGD`` imports ``torch._dynamo``
+    (about 1 s, measured), once in every process that trains: every simulation
+    actor paid it on its first message, on the critical path of round 1.
+    """
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+
+
 class TorchLearner:
     """A client's model, data and optimizer loop.
 
@@ -203,7 +216,7 @@ class TorchLearner:
             )
             if weight > 0
         ]
-        optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
         generator = torch.Generator().manual_seed(seed)
         batches_per_epoch = -(-self.num_examples("train") // batch_size)
         total_steps = steps if steps > 0 else epochs * batches_per_epoch
@@ -216,7 +229,8 @@ class TorchLearner:
                 else self._indexed_batches("train", batch_size, generator)
             )
             for x, y, idx in batches:
-                optimizer.zero_grad()
+                for p in trainable:
+                    p.grad = None
                 per_sample = self.loss_fn(self.model(x), y)
                 loss = (per_sample if weights is None else per_sample * weights[idx]).mean()
                 losses.append(float(loss.detach()))
@@ -225,7 +239,7 @@ class TorchLearner:
                         ((p - center[name]) ** 2).sum() for name, p in params.items()
                     )
                 loss.backward()
-                optimizer.step()
+                _sgd_step(trainable, lr)
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0

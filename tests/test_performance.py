@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import ArrayRecord, Context, RecordDict
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters import client_app
@@ -16,6 +19,8 @@ from fl_clusters.data import loaders as data_loaders
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
 from fl_clusters.server_app import initial_arrays
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Generic(Dataset):
@@ -199,3 +204,61 @@ def test_the_report_scores_training_data_only_for_a_node_that_chooses_itself(
         assert len(metrics["train-loss"]) == 3 and learner.passes["train"] == 3  # type: ignore[arg-type]
     else:
         assert "train-loss" not in metrics and learner.passes["train"] == 0
+
+
+def _sgd_reference(
+    learner: TorchLearner, start: ArrayRecord, steps: int, lr: float, mu: float, seed: int
+) -> dict[str, np.ndarray]:
+    """``steps`` steps of ``torch.optim.SGD`` over the learner's own batches and loss."""
+    model = build_model("cnn", (1, 8, 8), 10)
+    model.load_state_dict(start.to_torch_state_dict())
+    center = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    batches = learner._batches("train", 16, torch.Generator().manual_seed(seed))
+    model.train()
+    for _, (x, y) in zip(range(steps), batches, strict=False):
+        optimizer.zero_grad()
+        loss = learner.loss_fn(model(x), y).mean()
+        params = model.named_parameters()
+        loss = loss + mu / 2 * sum(((p - center[n]) ** 2).sum() for n, p in params)
+        loss.backward()
+        optimizer.step()
+    return {name: value.detach().numpy() for name, value in model.state_dict().items()}
+
+
+def test_local_sgd_steps_are_torch_optim_sgd_steps_bit_for_bit() -> None:
+    # The learner updates the weights itself (torch.optim.SGD's constructor imports
+    # torch._dynamo, ~1 s per process): the result must be SGD's to the last bit.
+    x, y = _data(64)
+    data = TensorDataset(x, y)
+    learner = TorchLearner(build_model("cnn", (1, 8, 8), 10), data, data)
+    start = model_to_arrays(build_model("cnn", (1, 8, 8), 10, seed=5))
+    trained, _ = learner.train(
+        start, lr=0.05, batch_size=16, steps=3, proximal_centers=[(start, 0.1)], seed=7
+    )
+    expected = _sgd_reference(learner, start, steps=3, lr=0.05, mu=0.1, seed=7)
+    assert set(expected) == set(trained.keys())
+    for name, value in expected.items():
+        np.testing.assert_array_equal(trained[name].numpy(), value)
+    assert any(not np.array_equal(trained[n].numpy(), start[n].numpy()) for n in expected)
+
+
+def test_importing_the_package_or_training_pulls_no_heavy_modules() -> None:
+    # `flwr run` finds the app with find_spec, which imports the package: torch and
+    # scikit-learn there cost every run 2.6 s. A client's first SGD step must not
+    # import torch._dynamo (what torch.optim.SGD's constructor does).
+    script = (
+        "import sys\n"
+        "import fl_clusters\n"
+        "assert not {'torch', 'sklearn'} & set(sys.modules), sorted(sys.modules)\n"
+        "assert fl_clusters.ClusteredClient.__name__ == 'ClusteredClient'\n"
+        "import torch\n"
+        "from torch.utils.data import TensorDataset\n"
+        "from fl_clusters.learner import TorchLearner\n"
+        "from fl_clusters.models import build_model, model_to_arrays\n"
+        "data = TensorDataset(torch.zeros(8, 1, 8, 8), torch.zeros(8, dtype=torch.long))\n"
+        "model = build_model('mlp', (1, 8, 8), 10)\n"
+        "TorchLearner(model, data, data).train(model_to_arrays(model), lr=0.1, batch_size=4)\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT)
