@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, RecordDict
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters import client_app
@@ -245,11 +247,13 @@ def test_local_sgd_steps_are_torch_optim_sgd_steps_bit_for_bit() -> None:
 
 def test_importing_the_package_or_training_pulls_no_heavy_modules() -> None:
     # `flwr run` finds the app with find_spec, which imports the package: torch and
-    # scikit-learn there cost every run 2.6 s. A client's first SGD step must not
-    # import torch._dynamo (what torch.optim.SGD's constructor does).
+    # scikit-learn there cost every run 2.6 s. The apps `flwr run` loads must not
+    # import them either (Ray waits for that load). A client's first SGD step must
+    # not import torch._dynamo (what torch.optim.SGD's constructor does).
     script = (
         "import sys\n"
         "import fl_clusters\n"
+        "import fl_clusters.apps\n"
         "assert not {'torch', 'sklearn'} & set(sys.modules), sorted(sys.modules)\n"
         "assert fl_clusters.ClusteredClient.__name__ == 'ClusteredClient'\n"
         "import torch\n"
@@ -262,3 +266,34 @@ def test_importing_the_package_or_training_pulls_no_heavy_modules() -> None:
         "assert 'torch._dynamo' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT)
+
+
+def test_the_apps_flwr_run_loads_answer_what_the_implementation_answers() -> None:
+    from fl_clusters import apps
+
+    assert apps.client_app._registered_funcs.keys() == client_app.app._registered_funcs.keys()
+    components = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert components["components"] == {
+        "serverapp": "fl_clusters.apps:server_app",
+        "clientapp": "fl_clusters.apps:client_app",
+    }
+
+
+def test_the_light_client_app_hands_a_message_to_the_implementation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fl_clusters import apps
+
+    for name in ("_run_id", "_node_id", "_task_id"):  # Message() needs a run identity
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    seen: list[tuple[Message, Context]] = []
+
+    def answer(message: Message, context: Context) -> Message:
+        seen.append((message, context))
+        return Message(RecordDict(), reply_to=message)
+
+    monkeypatch.setattr(client_app, "app", answer)
+    message = Message(RecordDict(), dst_node_id=1, message_type="query.identity")
+    context = _context(0, 1)
+    apps.client_app(message, context)
+    assert seen == [(message, context)]
