@@ -13,10 +13,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
-    # Imported on first use, not with the package: `flwr run` resolves the app's
-    # "fl_clusters.server_app:app" with importlib's find_spec, which imports this
-    # package, and importing the adapter (torch, scikit-learn) here cost every
-    # `flwr run` 2.6 s before it even started the SuperLink.
+    # Imported on first use, not with the package: `flwr run` resolves the app
+    # components ("fl_clusters.apps:server_app") with importlib's find_spec, which
+    # imports this package, and importing the adapter (torch, scikit-learn) here
+    # cost every `flwr run` 2.6 s before it even started the SuperLink.
     if name == "ClusteredClient":
         from fl_clusters.adapter import ClusteredClient
 
