@@ -7,7 +7,7 @@ and data (see ``fl_clusters.client_app.register_handlers``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _sgd_step(params: Sequence[torch.Tensor], lr: float) -> None:
+def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
     """One plain SGD step, ``p -= lr * p.grad``: what ``torch.optim.SGD(lr=lr).step()`` does.
 
     Written out because constructing ``torch.optim.SGD`` imports ``torch._dynamo``
@@ -216,7 +216,6 @@ class TorchLearner:
             )
             if weight > 0
         ]
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
         generator = torch.Generator().manual_seed(seed)
         batches_per_epoch = -(-self.num_examples("train") // batch_size)
         total_steps = steps if steps > 0 else epochs * batches_per_epoch
@@ -229,8 +228,7 @@ class TorchLearner:
                 else self._indexed_batches("train", batch_size, generator)
             )
             for x, y, idx in batches:
-                for p in trainable:
-                    p.grad = None
+                self.model.zero_grad()
                 per_sample = self.loss_fn(self.model(x), y)
                 loss = (per_sample if weights is None else per_sample * weights[idx]).mean()
                 losses.append(float(loss.detach()))
@@ -239,7 +237,7 @@ class TorchLearner:
                         ((p - center[name]) ** 2).sum() for name, p in params.items()
                     )
                 loss.backward()
-                _sgd_step(trainable, lr)
+                _sgd_step(self.model.parameters(), lr)
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable
 
@@ -41,7 +42,7 @@ class StubGrid:
         self.nodes = nodes
         self.features = features or {}
         self._pushed: list[Message] = []  # pushed, reply not pulled yet
-        self._pushed_count = 0
+        self._ids = itertools.count()
 
     def get_node_ids(self) -> list[int]:
         return self.nodes
@@ -51,8 +52,7 @@ class StubGrid:
         # and keep it until its reply is pulled.
         ids = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = f"m{self._pushed_count}"
-            self._pushed_count += 1
+            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
             self._pushed.append(msg)
             ids.append(msg.metadata.message_id)
         return ids
