@@ -170,7 +170,8 @@ def _maxrss_mb(usage: resource.struct_rusage) -> float:
 
 
 def run_config(
-    dataset: str, strategy: str, clients: int, rounds: int, results_dir: str
+    dataset: str, strategy: str, clients: int, rounds: int, results_dir: str,
+    max_in_flight: int = 0,
 ) -> dict[str, Any]:
     """The run-config keys a job sets; every other key keeps its default."""
     return {
@@ -180,6 +181,7 @@ def run_config(
         "min-nodes": clients,
         "plots": False,
         "results-dir": results_dir,
+        "max-in-flight": max_in_flight,
     }
 
 
@@ -411,7 +413,7 @@ def choose(learner: TorchLearner, models: list[ArrayRecord]) -> int:
     """The model with the lowest mean training loss (IFCA's choice; 0 for one model)."""
     if len(models) == 1:
         return 0
-    return int(np.argmin([learner.per_sample_losses(m, "train").mean() for m in models]))
+    return int(np.argmin(learner.mean_losses(models, "train")))
 
 
 def average(models: list[ArrayRecord], weights: list[float]) -> ArrayRecord:
@@ -524,22 +526,30 @@ def plain_loop(config: dict[str, Any], clients: int) -> dict[str, Any]:
     }
 
 
-def measure(dataset: str, strategy: str, clients: int, rounds: int, via: str) -> dict[str, Any]:
-    """One job: the federation, then the plain loop, and their ratio of round times."""
+def measure(
+    dataset: str, strategy: str, clients: int, rounds: int, via: str,
+    max_in_flight: int = 0, plain: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One job: the federation, then the plain loop, and their ratio of round times.
+
+    ``plain`` reuses a plain-loop result of the same job (another message window
+    does not change the plain loop's work).
+    """
     results_dir = tempfile.mkdtemp(prefix="overhead-")
-    config = run_config(dataset, strategy, clients, rounds, results_dir)
+    config = run_config(dataset, strategy, clients, rounds, results_dir, max_in_flight)
     try:
         run = federation_flwr_run if via == "flwr-run" else federation_simulation
         federation = run(config, clients)
     finally:
         shutil.rmtree(results_dir)
-    plain = plain_loop(config, clients)
+    plain = plain or plain_loop(config, clients)
     return {
         "dataset": dataset,
         "strategy": strategy,
         "clients": clients,
         "rounds": rounds,
         "via": via,
+        "max_in_flight": max_in_flight,
         "federation": federation,
         "plain_loop": plain,
         "round_ratio": federation["round_mean_s"] / plain["round_mean_s"],
@@ -563,15 +573,17 @@ def machine_info() -> dict[str, Any]:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per job: round times, their ratio, start-up, bytes, memory and scores."""
     lines = [
-        "| data set | strategy | clients | via | fed s/round | plain s/round | ratio "
-        "| fed s/round, Flower clock, all rounds | fed start..R1 end s | plain start..R1 end s "
-        "| MB sent / recv | fed tree RSS MB | plain RSS MB | ARI | fed acc | plain acc |",
-        "|" + "---|" * 16,
+        "| data set | strategy | clients | via | max in flight | fed s/round | plain s/round "
+        "| ratio | fed s/round, Flower clock, all rounds | fed start..R1 end s "
+        "| plain start..R1 end s | MB sent / recv | fed tree RSS MB | plain RSS MB "
+        "| ARI | fed acc | plain acc |",
+        "|" + "---|" * 17,
     ]
     for row in rows:
         fed, plain, summary = row["federation"], row["plain_loop"], row["federation"]["summary"]
         lines.append(
             f"| {row['dataset']} | {row['strategy']} | {row['clients']} | {row['via']} "
+            f"| {row.get('max_in_flight') or 'default'} "
             f"| {fed['round_mean_s']:.2f} | {plain['round_mean_s']:.3f} "
             f"| {row['round_ratio']:.1f} | {fed['strategy_round_mean_s']:.2f} "
             f"| {fed['startup_to_round1_end_s']:.1f} "
@@ -592,15 +604,20 @@ def main() -> None:
                         default=["fedavg", "ifca"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--via", choices=("flwr-run", "simulation"), default="flwr-run")
+    parser.add_argument("--max-in-flight", type=int, nargs="+", default=[0],
+                        help="run-config max-in-flight values to try (0 = the app's default)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     info = {**machine_info(), "load_average_before": os.getloadavg()}
-    rows = [
-        measure(dataset, strategy, clients, args.rounds, args.via)
-        for dataset in args.datasets
-        for strategy in args.strategies
-        for clients in args.clients
-    ]
+    rows: list[dict[str, Any]] = []
+    for dataset in args.datasets:
+        for strategy in args.strategies:
+            for clients in args.clients:
+                plain = None
+                for window in args.max_in_flight:
+                    rows.append(measure(dataset, strategy, clients, args.rounds, args.via,
+                                        window, plain))
+                    plain = rows[-1]["plain_loop"]
     info["load_average_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": info, "jobs": rows}, indent=2) + "\n")

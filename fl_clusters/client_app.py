@@ -82,7 +82,7 @@ def _choose_cluster(
     assigned = int(config.get(p.CFG_ASSIGNED, -1))
     if len(models) == 1:
         return 0, []
-    losses = [float(learner.per_sample_losses(m, "train").mean()) for m in models]
+    losses = learner.mean_losses(models, "train")
     if 0 <= assigned < len(models):
         return assigned, losses
     return int(np.argmin(losses)), losses
@@ -376,9 +376,7 @@ def _report(
         # Only a node that chooses its cluster itself needs the training losses of
         # every model (a pass over its training split per model, the report's
         # largest cost with many clusters); the server names the others' cluster.
-        metrics["train-loss"] = [
-            float(learner.per_sample_losses(m, "train").mean()) for m in models
-        ]
+        metrics["train-loss"] = learner.mean_losses(models, "train")
     local = _local_model(context)
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]

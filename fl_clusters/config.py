@@ -261,6 +261,13 @@ KEYS: tuple[ConfigKey, ...] = (
         minimum=0,
         help="torch threads per client process; match client resources' num-cpus (0 = default)",
     ),
+    ConfigKey(
+        "max-in-flight",
+        0,
+        minimum=0,
+        help="most messages pushed and unanswered at once (0 = 128 in simulation, no limit "
+        "deployed)",
+    ),
     ConfigKey("round-timeout", 3600.0, minimum=1.0,
               help="seconds every send (round, query, report) waits for replies; later ones drop"),
     ConfigKey(

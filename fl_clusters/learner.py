@@ -7,6 +7,7 @@ and data (see ``fl_clusters.client_app.register_handlers``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -60,6 +61,15 @@ def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
                 p.add_(p.grad, alpha=-lr)
 
 
+def arrays_digest(arrays: ArrayRecord) -> bytes:
+    """A digest of a model's names, dtypes, shapes and bytes: equal digests, equal models."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, array in arrays.items():
+        digest.update(f"{name}|{array.dtype}|{tuple(array.shape)}|".encode())
+        digest.update(array.data)
+    return digest.digest()
+
+
 class TorchLearner:
     """A client's model, data and optimizer loop.
 
@@ -103,6 +113,8 @@ class TorchLearner:
             for name, data in self.splits.items()
             if isinstance(data, TensorDataset) and len(data.tensors) == 2
         }
+        # Mean losses of the models scored by the last ``mean_losses`` call, by digest.
+        self._loss_memo: dict[tuple[str, bytes], float] = {}
 
     def num_examples(self, split: str = "train") -> int:
         """Number of samples in a split."""
@@ -285,6 +297,25 @@ class TorchLearner:
             self.loss_fn(self.model(x), y).cpu() for x, y in self._batches(split, EVAL_BATCH)
         ]
         return torch.cat(out).numpy() if out else np.zeros(0)
+
+    def mean_losses(self, models: Sequence[ArrayRecord], split: str = "train") -> list[float]:
+        """Mean loss of ``split`` under each model; models of the previous call are not re-scored.
+
+        A node that chooses its cluster by loss scores the same models twice: the
+        models aggregated in round t reach it with round t's evaluation and again
+        with round t+1's training (and the last ones with the final report). The
+        losses of the previous call's models are kept by digest and reused, so
+        the second pass over the split is skipped; the choice is the same.
+        """
+        keys = [(split, arrays_digest(m)) for m in models]
+        losses = [
+            self._loss_memo[key]
+            if key in self._loss_memo
+            else float(self.per_sample_losses(m, split).mean())
+            for key, m in zip(keys, models, strict=True)
+        ]
+        self._loss_memo = dict(zip(keys, losses, strict=True))
+        return losses
 
     @torch.no_grad()
     def per_sample_correct(self, arrays: ArrayRecord, split: str = "test") -> np.ndarray:

@@ -432,7 +432,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     resumed = None
     if settings["resume-from"]:
         resumed = Checkpoint.load(settings["resume-from"], settings)
-    metered = MeteredGrid(grid)
+    metered = MeteredGrid(grid, settings["max-in-flight"] or None)
     nodes = wait_for_nodes(metered, settings["min-nodes"])
     # min-nodes is the floor a round needs, not the start-up count: rounds go
     # on with the nodes that are there when one leaves.

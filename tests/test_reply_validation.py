@@ -382,3 +382,24 @@ def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
     assert simulated.max_in_flight == metrics_module.SIMULATION_IN_FLIGHT
     with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
         MeteredGrid(inner, max_in_flight=0)  # type: ignore[arg-type]
+
+
+def test_the_max_in_flight_key_sets_the_window_and_leaves_the_run_unchanged(
+    federation, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    from fl_clusters import server_app
+
+    windows: list[int | None] = []
+
+    class Recording(MeteredGrid):
+        def __init__(self, grid, max_in_flight=None):  # type: ignore[no-untyped-def]
+            super().__init__(grid, max_in_flight)
+            windows.append(self.max_in_flight)
+
+    monkeypatch.setattr(server_app, "MeteredGrid", Recording)
+    job = {"strategy": "ifca", "num-rounds": 2, "num-clusters": 2, "seed": 3}
+    one_at_a_time = federation({**job, "max-in-flight": 1}, num_clients=6)
+    default = federation(job, num_clients=6)
+    assert windows == [1, metrics_module.SIMULATION_IN_FLIGHT]
+    for key in ("personalized_accuracy", "ari", "bytes_sent", "bytes_received"):
+        assert one_at_a_time[key] == default[key], key
