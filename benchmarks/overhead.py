@@ -409,11 +409,15 @@ def build_learners(settings: dict[str, Any], clients: int) -> list[TorchLearner]
     return learners
 
 
-def choose(learner: TorchLearner, models: list[ArrayRecord]) -> int:
-    """The model with the lowest mean training loss (IFCA's choice; 0 for one model)."""
+def choose(learner: TorchLearner, models: list[ArrayRecord], known: dict[bytes, float]) -> int:
+    """The model with the lowest mean training loss (IFCA's choice; 0 for one model).
+
+    ``known`` is the client's losses of the models it scored last, as the ClientApp
+    keeps them in the node's context: each model is scored once.
+    """
     if len(models) == 1:
         return 0
-    return int(np.argmin(learner.mean_losses(models, "train")))
+    return int(np.argmin(learner.mean_losses(models, "train", known)))
 
 
 def average(models: list[ArrayRecord], weights: list[float]) -> ArrayRecord:
@@ -425,7 +429,7 @@ def average(models: list[ArrayRecord], weights: list[float]) -> ArrayRecord:
 
 def plain_round(
     learners: list[TorchLearner], models: list[ArrayRecord], settings: dict[str, Any],
-    server_round: int, num_clusters: int,
+    server_round: int, num_clusters: int, known: list[dict[bytes, float]],
 ) -> list[ArrayRecord]:
     """One round of training without Flower; the new models.
 
@@ -440,7 +444,7 @@ def plain_round(
     steps = settings["ifca-init-steps"] if warm_start else settings["local-steps"]
     chosen, trained = [], []
     for client, learner in enumerate(learners):
-        cluster = choose(learner, models)
+        cluster = choose(learner, models, known[client])
         arrays, _ = learner.train(
             models[cluster],
             lr=settings["lr"],
@@ -471,11 +475,13 @@ def plain_round(
     return new_models
 
 
-def plain_evaluate(learners: list[TorchLearner], models: list[ArrayRecord]) -> float:
+def plain_evaluate(
+    learners: list[TorchLearner], models: list[ArrayRecord], known: list[dict[bytes, float]]
+) -> float:
     """Test accuracy over all clients, each with its model of lowest training loss."""
     correct, total = 0.0, 0
-    for learner in learners:
-        _, accuracy = learner.evaluate(models[choose(learner, models)], "test")
+    for learner, kept in zip(learners, known, strict=True):
+        _, accuracy = learner.evaluate(models[choose(learner, models, kept)], "test")
         correct += accuracy * learner.num_examples("test")
         total += learner.num_examples("test")
     return correct / total
@@ -489,10 +495,11 @@ def _plain_child(config: dict[str, Any], clients: int, t0: float, conn: Any) -> 
     learners = build_learners(settings, clients)
     loaded = time.monotonic()
     models, round_s, accuracy = [initial_arrays(settings)], [], 0.0
+    known: list[dict[bytes, float]] = [{} for _ in learners]
     for server_round in range(1, settings["num-rounds"] + 1):
         round_start = time.monotonic()
-        models = plain_round(learners, models, settings, server_round, num_clusters)
-        accuracy = plain_evaluate(learners, models)
+        models = plain_round(learners, models, settings, server_round, num_clusters, known)
+        accuracy = plain_evaluate(learners, models, known)
         round_s.append(time.monotonic() - round_start)
     conn.send(
         {

@@ -306,7 +306,7 @@ class ClusteredClient:
             persistent = bool(config.get(p.CFG_PERSISTENT, False))
             own = context.state.array_records.get(LOCAL_MODEL) if persistent else None
             models = _candidate_models(message, own)
-            cluster, losses = _choose_cluster(learner, models, config)
+            cluster, losses = _choose_cluster(learner, models, config, context)
             start = models[cluster]
             if persistent:
                 start = own or start
@@ -347,7 +347,7 @@ class ClusteredClient:
             models = _candidate_models(message)
             cluster = _mcfl_choice(learner, len(models), config, "test")
             if cluster is None:
-                cluster, _ = _choose_cluster(learner, models, config)
+                cluster, _ = _choose_cluster(learner, models, config, context)
             arrays = models[cluster]
             if bool(config.get(p.CFG_PERSISTENT, False)):
                 arrays = context.state.array_records.get(LOCAL_MODEL) or arrays

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ MetadataFactory = Callable[[Context], Mapping[str, Any]]
 
 LOCAL_MODEL = "local-model"  # key of the node's persistent model in context.state
 MIXTURE_WEIGHTS = "mixture-weights"  # key of the node's FedEM pi in context.state
+# Key of the training losses of the models this node scored last, in context.state:
+# the node, not one simulation actor, keeps them, whichever actor runs its next message.
+KNOWN_LOSSES = "known-train-losses"
 # Optional metadata entry: the group (e.g. source distribution) of every test sample.
 # The report turns it into per-group correct counts instead of forwarding it.
 TEST_GROUPS = "test-groups"
@@ -71,8 +74,29 @@ def _candidate_models(message: Message, own: ArrayRecord | None = None) -> list[
     )
 
 
+def training_losses(
+    learner: TorchLearner, models: list[ArrayRecord], context: Context
+) -> list[float]:
+    """Mean training loss of each model; models this node scored last are not scored again.
+
+    Round t's evaluation and round t+1's training offer the same models, so the
+    losses of the last scored models are kept in ``context.state`` by digest.
+    """
+    kept = context.state.config_records.get(KNOWN_LOSSES, ConfigRecord())
+    digests = cast(list[str], kept.get("digests", []))
+    known = {
+        bytes.fromhex(d): float(loss)
+        for d, loss in zip(digests, cast(list[float], kept.get("losses", [])), strict=True)
+    }
+    losses = learner.mean_losses(models, "train", known)
+    context.state[KNOWN_LOSSES] = ConfigRecord(
+        {"digests": [d.hex() for d in known], "losses": list(known.values())}
+    )
+    return losses
+
+
 def _choose_cluster(
-    learner: TorchLearner, models: list[ArrayRecord], config: ConfigRecord
+    learner: TorchLearner, models: list[ArrayRecord], config: ConfigRecord, context: Context
 ) -> tuple[int, list[float]]:
     """Pick the model to use: the server's assignment, else the lowest training loss.
 
@@ -82,7 +106,7 @@ def _choose_cluster(
     assigned = int(config.get(p.CFG_ASSIGNED, -1))
     if len(models) == 1:
         return 0, []
-    losses = learner.mean_losses(models, "train")
+    losses = training_losses(learner, models, context)
     if 0 <= assigned < len(models):
         return assigned, losses
     return int(np.argmin(losses)), losses
@@ -182,7 +206,7 @@ def _train(learner: TorchLearner, message: Message, context: Context) -> Message
     config = _config(message)
     persistent = bool(config.get(p.CFG_PERSISTENT, False))
     models = _candidate_models(message, _local_model(context) if persistent else None)
-    cluster, losses = _choose_cluster(learner, models, config)
+    cluster, losses = _choose_cluster(learner, models, config, context)
     start = models[cluster]
     if persistent:
         # Local-only training and FedSoft keep one model per node across rounds.
@@ -216,7 +240,7 @@ def _evaluate(learner: TorchLearner, message: Message, context: Context) -> Mess
     split = str(config.get(p.CFG_SPLIT, "test"))
     cluster = _mcfl_choice(learner, len(models), config, split)
     if cluster is None:
-        cluster, _ = _choose_cluster(learner, models, config)
+        cluster, _ = _choose_cluster(learner, models, config, context)
     arrays = models[cluster]
     if bool(config.get(p.CFG_PERSISTENT, False)):
         arrays = _local_model(context) or arrays
@@ -376,7 +400,7 @@ def _report(
         # Only a node that chooses its cluster itself needs the training losses of
         # every model (a pass over its training split per model, the report's
         # largest cost with many clusters); the server names the others' cluster.
-        metrics["train-loss"] = learner.mean_losses(models, "train")
+        metrics["train-loss"] = training_losses(learner, models, context)
     local = _local_model(context)
     if local is not None:
         metrics["local-accuracy"] = learner.evaluate(local, "test")[1]

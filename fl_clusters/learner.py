@@ -113,8 +113,6 @@ class TorchLearner:
             for name, data in self.splits.items()
             if isinstance(data, TensorDataset) and len(data.tensors) == 2
         }
-        # Mean losses of the models scored by the last ``mean_losses`` call, by digest.
-        self._loss_memo: dict[tuple[str, bytes], float] = {}
 
     def num_examples(self, split: str = "train") -> int:
         """Number of samples in a split."""
@@ -298,23 +296,30 @@ class TorchLearner:
         ]
         return torch.cat(out).numpy() if out else np.zeros(0)
 
-    def mean_losses(self, models: Sequence[ArrayRecord], split: str = "train") -> list[float]:
-        """Mean loss of ``split`` under each model; models of the previous call are not re-scored.
+    def mean_losses(
+        self,
+        models: Sequence[ArrayRecord],
+        split: str = "train",
+        known: dict[bytes, float] | None = None,
+    ) -> list[float]:
+        """Mean loss of ``split`` under each model, skipping models whose loss is ``known``.
 
         A node that chooses its cluster by loss scores the same models twice: the
         models aggregated in round t reach it with round t's evaluation and again
-        with round t+1's training (and the last ones with the final report). The
-        losses of the previous call's models are kept by digest and reused, so
-        the second pass over the split is skipped; the choice is the same.
+        with round t+1's training (the last ones also with the final report).
+        ``known`` maps :func:`arrays_digest` to a mean loss of this split; it is
+        updated in place to hold exactly this call's models, so a caller that
+        keeps it between calls (the ClientApp: in the node's ``context.state``)
+        scores each model once. The losses, hence the choice, are unchanged.
         """
-        keys = [(split, arrays_digest(m)) for m in models]
+        memo = {} if known is None else known
+        digests = [arrays_digest(m) for m in models]
         losses = [
-            self._loss_memo[key]
-            if key in self._loss_memo
-            else float(self.per_sample_losses(m, split).mean())
-            for key, m in zip(keys, models, strict=True)
+            memo[d] if d in memo else float(self.per_sample_losses(m, split).mean())
+            for d, m in zip(digests, models, strict=True)
         ]
-        self._loss_memo = dict(zip(keys, losses, strict=True))
+        memo.clear()
+        memo.update(zip(digests, losses, strict=True))
         return losses
 
     @torch.no_grad()

@@ -210,26 +210,37 @@ def test_the_report_scores_training_data_only_for_a_node_that_chooses_itself(
 
 def test_a_node_scores_the_same_cluster_models_once_across_evaluate_and_train() -> None:
     # Issue 18: round t's evaluation and round t+1's training offer a choosing node
-    # the same aggregated models; the second set of k passes is skipped.
+    # the same aggregated models; the second set of k passes is skipped. The losses
+    # live in the node's context, so another actor (a new learner) reuses them too.
     from flwr.app import ConfigRecord
 
     x, y = _data()
-    learner = _CountingLearner(build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y),
-                               TensorDataset(x, y))
+
+    def counting() -> _CountingLearner:
+        return _CountingLearner(build_model("mlp", (1, 8, 8), 10), TensorDataset(x, y),
+                                TensorDataset(x, y))
+
+    learner = counting()
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     models = [model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=s)) for s in range(3)]
     config = ConfigRecord()
-    first = client_app._choose_cluster(learner, models, config)
-    # Fresh records with equal contents, as the next message would carry them.
-    again = [ArrayRecord(m.to_torch_state_dict()) for m in models]
-    assert client_app._choose_cluster(learner, again, config) == first
+    first = client_app._choose_cluster(learner, models, config, context)
     assert learner.passes["train"] == 3
-    expected = [float(learner.per_sample_losses(m).mean()) for m in models]
-    assert first[1] == expected  # the kept losses are the computed ones
+    # Fresh records with equal contents, as the next message carries them, on
+    # another process's learner.
+    again = [ArrayRecord(m.to_torch_state_dict()) for m in models]
+    other = counting()
+    assert client_app._choose_cluster(other, again, config, context) == first
+    assert other.passes["train"] == 0
+    assert first[1] == [float(learner.per_sample_losses(m).mean()) for m in models]
     # One changed model is scored again, the unchanged ones are not.
     changed = [*models[:2], model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=9))]
-    learner.passes["train"] = 0
-    client_app._choose_cluster(learner, changed, config)
-    assert learner.passes["train"] == 1
+    client_app._choose_cluster(other, changed, config, context)
+    assert other.passes["train"] == 1
+    # A node without kept losses (a new context) scores every model.
+    fresh = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+    client_app._choose_cluster(other, changed, config, fresh)
+    assert other.passes["train"] == 4
 
 
 def _sgd_reference(
