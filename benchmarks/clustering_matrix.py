@@ -12,6 +12,8 @@ stopped) and the table ``docs/clustering-matrix.md`` is regenerated from that fi
     python benchmarks/clustering_matrix.py ifca --quick              # digits, mlp, seed 0
     python benchmarks/clustering_matrix.py cfl --data digits --model cnn --structure rotation
     python benchmarks/clustering_matrix.py --table                   # only rebuild the table
+    python benchmarks/clustering_matrix.py ifca --data fashion-mnist --model cnn \
+        --num-gpus 0.1                                               # 10 clients per GPU
     python benchmarks/clustering_matrix.py flhc --quick --structure rotation --no-baselines \
         --out benchmarks/measured/clustering_matrix-flhc.json       # cells in their own file
 
@@ -69,8 +71,23 @@ def cell_key(strategy: str, structure: str, data: str, model: str, seed: int) ->
     return f"{strategy}|{structure}|{data}|{model}|{seed}"
 
 
-def run_cell(strategy: str, structure: str, data: str, model: str, seed: int) -> dict[str, Any]:
-    """One simulation with default settings; returns the figures the table needs."""
+def run_cell(
+    strategy: str,
+    structure: str,
+    data: str,
+    model: str,
+    seed: int,
+    num_gpus: float = 0.0,
+    data_root: str = "",
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One simulation with default settings; returns the figures the table needs.
+
+    ``num_gpus`` is each client's GPU fraction (0: CPU only); the clients then train
+    on CUDA (``device="auto"``), and the cell records where it ran. ``overrides``
+    (run-config keys) measure a candidate default; the cell records them.
+    """
+    import torch
     from flwr.simulation import run_simulation
 
     from fl_clusters.client_app import build_client_app
@@ -87,13 +104,15 @@ def run_cell(strategy: str, structure: str, data: str, model: str, seed: int) ->
             "num-rounds": ROUNDS.get(strategy, 15),
             "min-nodes": CLIENTS,
             "results-dir": folder,
+            **({"data-root": data_root} if data_root else {}),
+            **(overrides or {}),
         }
         start = time.time()
         run_simulation(
             server_app=build_server_app(settings),
             client_app=build_client_app(settings),
             num_supernodes=CLIENTS,
-            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": num_gpus}},
         )
         summary = json.loads(next(Path(folder).glob("*/summary.json")).read_text())
     return {
@@ -105,6 +124,9 @@ def run_cell(strategy: str, structure: str, data: str, model: str, seed: int) ->
         "split_rounds": summary.get("split_rounds"),
         "clustering_round": summary.get("clustering_round"),
         "wall_time_s": round(time.time() - start, 1),
+        "device": torch.cuda.get_device_name(0) if num_gpus > 0 else "cpu",
+        **({"num_gpus": num_gpus} if num_gpus > 0 else {}),
+        **({"overrides": overrides} if overrides else {}),
     }
 
 
@@ -158,10 +180,37 @@ def write_table(results: dict[str, Any]) -> None:
             f"{_fmt(_mean([r['personalized_accuracy'] for r in rows]))} | "
             f"{_fmt(base['fedavg'])} | {_fmt(base['local'])} |"
         )
+    on_gpu: dict[tuple[str, float], list[str]] = {}
+    for key, row in sorted(results.items()):
+        if row.get("device", "cpu") != "cpu":
+            on_gpu.setdefault((row["device"], row["num_gpus"]), []).append(key)
+    for (device, share), keys in on_gpu.items():
+        # Another machine and other kernels: the same defaults, not the same floats.
+        lines += ["", f"Cells run on a GPU ({device}, {share:g} of it per client; all "
+                  "others on 2 CPU cores): " + ", ".join(keys)]
     if errors:
         lines += ["", "Cells that raised (see clustering_matrix.json): " + ", ".join(errors)]
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     TABLE.write_text("\n".join(lines) + "\n")
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as run-config values (TOML scalars: 1, 0.5, true, "text")."""
+    import tomllib
+
+    from fl_clusters.config import parse_run_config
+
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
+        try:
+            values[key] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            values[key] = raw  # a bare word: a string choice such as noise
+    parse_run_config(values)  # an unknown key or a bad value fails before any run
+    return values
 
 
 def main(argv: list[str]) -> None:
@@ -177,10 +226,23 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rerun", action="store_true", help="run measured cells again")
     parser.add_argument("--table", action="store_true", help="only rebuild the table")
     parser.add_argument(
+        "--num-gpus", type=float, default=0.0,
+        help="GPU fraction per client (e.g. 0.1: ten clients share one GPU); 0 = CPU",
+    )
+    parser.add_argument("--data-root", default="", help="folder of local data files")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE",
+        help="run-config overrides (a candidate default); needs --out, since the "
+             "matrix itself holds default settings only",
+    )
+    parser.add_argument(
         "--out", type=Path, default=OUT,
         help="results file; the table is rebuilt only from the default one",
     )
     args = parser.parse_args(argv)
+    overrides = _overrides(args.set)
+    if overrides and args.out.resolve() == OUT.resolve():
+        parser.error("--set measures non-default settings: write them elsewhere with --out")
     if args.quick:
         args.data, args.model, args.seeds = ["digits"], ["mlp"], [0]
     results = load(args.out)
@@ -202,7 +264,10 @@ def main(argv: list[str]) -> None:
                                 continue
                             print(f"running {key}", flush=True)
                             try:
-                                results[key] = run_cell(strategy, structure, data, model, seed)
+                                results[key] = run_cell(
+                                    strategy, structure, data, model, seed,
+                                    args.num_gpus, args.data_root, overrides,
+                                )
                             except Exception as error:
                                 # One failing cell must not lose the rest of a long
                                 # matrix; the table shows it and the next run retries it.

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fl_clusters.clustering.ordering import INCENTIVE_THRESHOLDS
+
 STRATEGIES = (
     "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "flhc", "wecfl",
     "fedem",
@@ -246,6 +248,15 @@ KEYS: tuple[ConfigKey, ...] = (
     ConfigKey(
         "acfl-gate", "relative", choices=GATES,
         help="ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
+    ),
+    ConfigKey(
+        "acfl-incentive-threshold", "beta", choices=INCENTIVE_THRESHOLDS,
+        help="ACFL: a candidate joins when the incentive is >= acfl-beta, or >= -acfl-noise-z "
+             "standard errors of it",
+    ),
+    ConfigKey(
+        "acfl-noise-z", 1.0, minimum=0.0, maximum=100.0,
+        help="ACFL noise threshold: tolerance in standard errors of the incentive",
     ),
     ConfigKey(
         "acfl-converge-window", 2, minimum=1,

@@ -126,10 +126,16 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     cfl = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(cfl, CFL)
     assert (cfl.eps1, cfl.eps2, cfl.split_threshold, cfl.min_silhouette) == (0.3, 0.7, 0.2, -1.0)
-    settings = parse_run_config({"strategy": "acfl", "acfl-beta": -0.5, "acfl-max-rejections": 2})
+    settings = parse_run_config({"strategy": "acfl", "acfl-beta": -0.5, "acfl-max-rejections": 2,
+                                 "acfl-incentive-threshold": "noise", "acfl-noise-z": 2.0})
     acfl = build_strategy({**settings, "min-available-nodes": 4})
     assert isinstance(acfl, ACFL)
     assert (acfl.beta, acfl.max_rejections) == (-0.5, 2)
+    assert (acfl.incentive_threshold, acfl.noise_z) == ("noise", 2.0)
+    with pytest.raises(ValueError, match="acfl-incentive-threshold"):
+        parse_run_config({"strategy": "acfl", "acfl-incentive-threshold": "loose"})
+    with pytest.raises(ValueError, match="acfl-incentive-threshold"):
+        ACFL(incentive_threshold="loose")
     assert acfl.summary_fields() == {
         "trial_evaluations": 0, "trial_messages": 0, "trial_train_messages": 0,
         "trial_failed_members": 0, "phase1_ended": False, "clustering_round": None,

@@ -21,6 +21,7 @@ from fl_clusters.clustering import (
     has_positive_incentive,
     importance_weights,
     incentive,
+    incentive_standard_error,
     inter_cluster_mix,
     k_distance_curve,
     knee_eps,
@@ -311,6 +312,48 @@ def test_greedy_incentive_clustering_guards_its_protocol() -> None:
     np.testing.assert_array_equal(acfl.labels_, [0, 0, 0])
     with pytest.raises(RuntimeError):
         acfl.report(np.ones(3), np.ones(3))
+
+
+def test_incentive_standard_error_follows_validation_sizes() -> None:
+    fed, local = np.array([0.75, 0.75]), np.array([0.75, 0.75])
+    # Each gain: (0.1875 + 0.1875) / n; two members add up.
+    assert incentive_standard_error(fed, local, np.array([100, 100])) == pytest.approx(
+        np.sqrt(2 * 0.375 / 100)
+    )
+    big = incentive_standard_error(fed, local, np.array([560, 560]))
+    small = incentive_standard_error(fed, local, np.array([9, 9]))
+    assert small / big == pytest.approx(np.sqrt(560 / 9))
+    with pytest.raises(ValueError, match="num_samples"):
+        incentive_standard_error(fed, local, np.array([10, 0]))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        incentive_standard_error(np.array([1.5, 0.5]), local, np.array([10, 10]))
+
+
+def test_noise_threshold_rejects_a_costly_candidate_that_beta_admits() -> None:
+    """A Fashion-MNIST-sized trial (ACFL log, rotation seed 1): a group of 7, ~560
+    validation samples each, summed gain -0.137. beta = -0.17 admits the wrong
+    candidate; one standard error (~0.06) does not. With ~9 samples a member the
+    same gain is noise, and the noise threshold admits it."""
+    local = np.full(7, 0.78)
+    fed = local - 0.137 / 7
+    for threshold, sizes, joins in [
+        ("beta", np.full(7, 560), True),
+        ("noise", np.full(7, 560), False),
+        ("noise", np.full(7, 9), True),
+    ]:
+        acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, threshold=threshold)
+        for _ in range(5):  # grow the open cluster to 6 members
+            group = acfl.next_trial()
+            assert group is not None
+            acfl.report(np.full(group.size, 0.9), np.full(group.size, 0.8),
+                        np.full(group.size, 560))
+        assert acfl.next_trial().size == 7  # type: ignore[union-attr]
+        assert acfl.report(fed, local, sizes) is joins, (threshold, sizes[0])
+    noisy = GreedyIncentiveClustering(np.eye(2), threshold="noise")
+    with pytest.raises(ValueError, match="num_samples"):
+        noisy.report(np.ones(2), np.ones(2))
+    with pytest.raises(ValueError, match="threshold="):
+        GreedyIncentiveClustering(np.eye(2), threshold="loose")
 
 
 # -------------------------------------------------------------- soft weights

@@ -42,9 +42,11 @@ from fl_clusters.clustering.mixture import (
     responsibilities,
 )
 from fl_clusters.clustering.ordering import (
+    INCENTIVE_THRESHOLDS,
     GreedyIncentiveClustering,
     has_positive_incentive,
     incentive,
+    incentive_standard_error,
     order_by_similarity,
 )
 from fl_clusters.clustering.similarity import (
@@ -62,6 +64,7 @@ from fl_clusters.clustering.soft_weights import (
 )
 
 __all__ = [
+    "INCENTIVE_THRESHOLDS",
     "CFLSplitDecision",
     "DensityClustering",
     "GreedyIncentiveClustering",
@@ -81,6 +84,7 @@ __all__ = [
     "has_positive_incentive",
     "importance_weights",
     "incentive",
+    "incentive_standard_error",
     "initial_kmeans",
     "inter_cluster_mix",
     "k_distance_curve",

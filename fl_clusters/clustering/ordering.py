@@ -67,6 +67,47 @@ def incentive(global_acc: np.ndarray, local_acc: np.ndarray) -> float:
     return float(np.sum(glob - local))
 
 
+INCENTIVE_THRESHOLDS = ("beta", "noise")
+
+
+def incentive_standard_error(
+    global_acc: np.ndarray, local_acc: np.ndarray, num_samples: np.ndarray
+) -> float:
+    """Sampling noise of :func:`incentive`: its standard error over the validation splits.
+
+    Each member's gain ``a_fed - a_loc`` is a difference of two accuracies measured
+    on its ``n`` validation samples; treated as independent, its variance is
+    ``(a_fed (1 - a_fed) + a_loc (1 - a_loc)) / n``, and the members' variances add
+    up. Both models are scored on the same samples, so the paired variance is
+    smaller: this errs on the side of a wider tolerance.
+
+    Parameters
+    ----------
+    global_acc, local_acc : np.ndarray
+        (G,) as in :func:`incentive`, each in [0, 1].
+    num_samples : np.ndarray
+        (G,) validation samples behind each member's accuracies, all > 0.
+
+    Returns
+    -------
+    float
+        ``sqrt(sum over members of the gain's variance)``.
+    """
+    incentive(global_acc, local_acc)  # validates shapes and values
+    glob = np.asarray(global_acc, dtype=np.float64)
+    local = np.asarray(local_acc, dtype=np.float64)
+    counts = np.asarray(num_samples, dtype=np.float64)
+    if counts.shape != glob.shape or not np.all(np.isfinite(counts)) or np.any(counts <= 0):
+        raise ValueError(
+            f"num_samples must hold one count > 0 per member ({glob.shape[0]}), got "
+            f"{np.asarray(num_samples).tolist()}"
+        )
+    if np.any((glob < 0) | (glob > 1) | (local < 0) | (local > 1)):
+        raise ValueError("accuracies must lie in [0, 1]")
+    variance = (glob * (1 - glob) + local * (1 - local)) / counts
+    return float(np.sqrt(variance.sum()))
+
+
 def has_positive_incentive(
     global_acc: np.ndarray, local_acc: np.ndarray, beta: float = -0.17
 ) -> bool:
@@ -95,7 +136,11 @@ class GreedyIncentiveClustering:
     A cluster opens at a start client drawn at random among the unplaced ones.
     The other unplaced clients are tried in order of descending similarity to
     the start client: each trial federates the cluster plus the candidate, and
-    the candidate joins when the group shows positive incentive (eq. 8).
+    the candidate joins when the group shows positive incentive (eq. 8): its
+    incentive is at least ``beta`` (``threshold="beta"``, the paper's rule) or at
+    least ``-noise_z`` standard errors of the incentive (``threshold="noise"``,
+    :func:`incentive_standard_error`), a tolerance that follows the members'
+    validation sizes and the group's size instead of one number for every data set.
     A rejected candidate stays unplaced for later clusters. The cluster closes
     when the list is exhausted or after ``m`` consecutive rejections; then the
     next cluster opens, until every client is placed. A cluster may end as a
@@ -121,11 +166,17 @@ class GreedyIncentiveClustering:
     similarity : np.ndarray
         (N, N) similarity of the clients (cosine of their last updates).
     beta : float (default: -0.17)
-        Incentive threshold of :func:`has_positive_incentive`.
+        Incentive threshold of :func:`has_positive_incentive` (``threshold="beta"``).
     max_rejections : int (default: 3)
         Largest number ``m`` of consecutive rejections that closes a cluster, >= 1.
     seed : int or None (default: None)
         Seed of the start-client draws.
+    threshold : str (default: "beta")
+        ``"beta"``: admit when the incentive is at least ``beta``. ``"noise"``: admit
+        when it is at least ``-noise_z`` times its standard error; :meth:`report`
+        then needs each member's validation size.
+    noise_z : float (default: 1.0)
+        Tolerance of ``threshold="noise"`` in standard errors, >= 0.
 
     Attributes
     ----------
@@ -144,9 +195,17 @@ class GreedyIncentiveClustering:
         beta: float = -0.17,
         max_rejections: int = 3,
         seed: int | None = None,
+        threshold: str = "beta",
+        noise_z: float = 1.0,
     ) -> None:
         if not math.isfinite(beta):
             raise ValueError(f"beta={beta} must be a finite number")
+        if threshold not in INCENTIVE_THRESHOLDS:
+            raise ValueError(f"threshold={threshold!r} must be one of {INCENTIVE_THRESHOLDS}")
+        if not (math.isfinite(noise_z) and noise_z >= 0):
+            raise ValueError(f"noise_z={noise_z} must be a finite number >= 0")
+        self.threshold = threshold
+        self.noise_z = noise_z
         if max_rejections < 1:
             raise ValueError(f"max_rejections={max_rejections} is outside [1, inf)")
         self.similarity = _square(similarity)
@@ -184,7 +243,26 @@ class GreedyIncentiveClustering:
         """
         return None if self._pending is None else self._pending.copy()
 
-    def report(self, global_acc: np.ndarray, local_acc: np.ndarray) -> bool:
+    def threshold_for(
+        self,
+        global_acc: np.ndarray,
+        local_acc: np.ndarray,
+        num_samples: np.ndarray | None = None,
+    ) -> float:
+        """The incentive a trial group with these scores must reach to admit its candidate."""
+        if self.threshold == "beta":
+            return self.beta
+        if num_samples is None:
+            raise ValueError('threshold="noise" needs each member\'s validation size '
+                             "(num_samples)")
+        return -self.noise_z * incentive_standard_error(global_acc, local_acc, num_samples)
+
+    def report(
+        self,
+        global_acc: np.ndarray,
+        local_acc: np.ndarray,
+        num_samples: np.ndarray | None = None,
+    ) -> bool:
         """Record the outcome of the pending trial.
 
         Parameters
@@ -194,6 +272,8 @@ class GreedyIncentiveClustering:
             :meth:`next_trial`'s order, under the group's federated model.
         local_acc : np.ndarray
             (G,) the same members' accuracies under their local-only models.
+        num_samples : np.ndarray or None (default: None)
+            (G,) the members' validation sizes; needed by ``threshold="noise"``.
 
         Returns
         -------
@@ -209,7 +289,9 @@ class GreedyIncentiveClustering:
                 f"member of the trial group), got shapes {np.shape(global_acc)} and "
                 f"{np.shape(local_acc)}"
             )
-        accepted = has_positive_incentive(global_acc, local_acc, self.beta)
+        accepted = has_positive_incentive(
+            global_acc, local_acc, self.threshold_for(global_acc, local_acc, num_samples)
+        )
         self.num_trials_ += 1
         candidate = self._candidates.pop(0)
         if accepted:

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
+    INCENTIVE_THRESHOLDS,
     GreedyIncentiveClustering,
     has_converged,
     pairwise_cosine,
@@ -92,6 +93,17 @@ class ACFL(HardClusteredStrategy):
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
+    incentive_threshold : str (default: "beta")
+        ``"beta"``: a candidate joins when the trial group's incentive is at least
+        ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
+        standard errors of the incentive, computed from the members' accuracies
+        and validation sizes (:func:`~fl_clusters.clustering.incentive_standard_error`).
+        A fixed ``beta`` is in units of summed accuracy: with ~560 validation
+        samples a client (Fashion-MNIST) a wrong candidate's trial can cost a
+        group of 7 only -0.14 (admitted at beta = -0.17), while with ~9 (digits)
+        one sample moves a member's gain by 0.11.
+    noise_z : float (default: 1.0)
+        Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     awcfl_beta, mcfl, mcfl_feature_samples
@@ -111,6 +123,8 @@ class ACFL(HardClusteredStrategy):
         max_norm_min: float = 0.0,
         phase1_rounds: int = 10,
         trial_epochs: int = 60,
+        incentive_threshold: str = "beta",
+        noise_z: float = 1.0,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
@@ -146,6 +160,14 @@ class ACFL(HardClusteredStrategy):
             raise ValueError(
                 f"mean_norm_max={mean_norm_max} and max_norm_min={max_norm_min} must be >= 0"
             )
+        if incentive_threshold not in INCENTIVE_THRESHOLDS:
+            raise ValueError(
+                f"incentive_threshold={incentive_threshold!r} is unknown; allowed: "
+                f"{', '.join(INCENTIVE_THRESHOLDS)} (run-config 'acfl-incentive-threshold')"
+            )
+        if not (np.isfinite(noise_z) and noise_z >= 0.0):
+            raise ValueError(f"noise_z={noise_z} must be a finite number >= 0 "
+                             "(run-config 'acfl-noise-z')")
         if phase1_rounds < 1 or trial_epochs < 1:
             raise ValueError(
                 f"phase1_rounds={phase1_rounds} and trial_epochs={trial_epochs} must be >= 1"
@@ -159,12 +181,15 @@ class ACFL(HardClusteredStrategy):
         self.max_norm_min = max_norm_min
         self.phase1_rounds = phase1_rounds
         self.trial_epochs = trial_epochs
+        self.incentive_threshold = incentive_threshold
+        self.noise_z = noise_z
         self.clustering_round: int | None = None
         self.trial_evaluations = 0
         self.trial_messages = 0
         self.trial_train_messages = 0
         self.trial_failed_members = 0
         self._clustering_due = False
+        self._validation_sizes: dict[int, float] = {}
         self._last_nodes: list[int] = []
         self._last_updates = np.zeros((0, 0), dtype=np.float32)
         self._phase1_norms: list[float] = []
@@ -266,6 +291,8 @@ class ACFL(HardClusteredStrategy):
             beta=self.beta,
             max_rejections=self.max_rejections,
             seed=self.seed,
+            threshold=self.incentive_threshold,
+            noise_z=self.noise_z,
         )
         while (group := clustering.next_trial()) is not None:
             members = [nodes[int(i)] for i in group]
@@ -277,11 +304,13 @@ class ACFL(HardClusteredStrategy):
             # scoring it 0 would read a lost message as a harmful federation.
             group_acc = np.array([global_acc.get(n, local_acc[n]) for n in members])
             own_acc = np.array([local_acc[n] for n in members])
-            accepted = clustering.report(group_acc, own_acc)
+            sizes = np.array([self._validation_sizes[n] for n in members])
+            threshold = clustering.threshold_for(group_acc, own_acc, sizes)
+            accepted = clustering.report(group_acc, own_acc, sizes)
             self.trial_evaluations += 1
-            log(INFO, "ACFL trial %d: group of %d, incentive %.3f (beta %.3g): node %d %s",
+            log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g): node %d %s",
                 self.trial_evaluations, len(members), float((group_acc - own_acc).sum()),
-                self.beta, members[-1], "joins" if accepted else "is rejected")
+                threshold, members[-1], "joins" if accepted else "is rejected")
         labels = clustering.labels_
         # Nodes left out (absent from the last phase-1 round, or silent in the
         # local-only round) get no cluster: they choose among all by training loss.
@@ -344,12 +373,16 @@ class ACFL(HardClusteredStrategy):
                 MessageType.EVALUATE,
             )
         )
-        scores = {
-            msg.metadata.src_node_id: float(msg.content.metric_records[p.METRICS][p.M_ACCURACY])  # type: ignore[arg-type]
-            for msg in self.check_replies(
-                replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]}
+        scores = {}
+        for msg in self.check_replies(
+            replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]}
+        ):
+            metrics = msg.content.metric_records[p.METRICS]
+            scores[msg.metadata.src_node_id] = float(metrics[p.M_ACCURACY])  # type: ignore[arg-type]
+            # The same split every time: the noise threshold needs its size.
+            self._validation_sizes[msg.metadata.src_node_id] = float(
+                metrics[p.M_NUM_EXAMPLES]  # type: ignore[arg-type]
             )
-        }
         missing = sorted(set(models) - set(scores))
         if missing:
             log(WARNING, "ACFL: nodes %s gave no validation accuracy", missing)
@@ -385,9 +418,11 @@ class ACFL(HardClusteredStrategy):
 
     def summary(self) -> None:
         """Log ACFL's settings."""
-        log(INFO, "\t├──> ACFL: beta=%.3g | m=%d | phase 1: %s gate (window %d, tolerance "
+        joins = (f"incentive >= beta={self.beta:.3g}" if self.incentive_threshold == "beta"
+                 else f"incentive >= -{self.noise_z:.3g} standard errors")
+        log(INFO, "\t├──> ACFL: %s | m=%d | phase 1: %s gate (window %d, tolerance "
             "%.3g | mean norm < %.4g, max norm > %.4g), at most %d rounds | trial epochs %d",
-            self.beta, self.max_rejections, self.gate, self.converge_window,
+            joins, self.max_rejections, self.gate, self.converge_window,
             self.converge_tolerance, self.mean_norm_max, self.max_norm_min, self.phase1_rounds,
             self.trial_epochs)
         super().summary()

@@ -80,6 +80,8 @@ def _acfl(settings: Settings) -> Strategy:
         max_norm_min=settings["acfl-max-norm-min"],
         phase1_rounds=settings["acfl-phase1-rounds"],
         trial_epochs=settings["acfl-trial-epochs"],
+        incentive_threshold=settings["acfl-incentive-threshold"],
+        noise_z=settings["acfl-noise-z"],
         **_inter_cluster(settings),
         **_common(settings),
     )
