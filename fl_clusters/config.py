@@ -251,8 +251,8 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey(
         "acfl-incentive-threshold", "beta", choices=INCENTIVE_THRESHOLDS,
-        help="ACFL: a candidate joins when the incentive is >= acfl-beta, or >= -acfl-noise-z "
-             "standard errors of it",
+        help="ACFL: a candidate joins when the incentive is >= acfl-beta, or when it and the "
+             "candidate's own gain are each >= -acfl-noise-z standard errors",
     ),
     ConfigKey(
         "acfl-noise-z", 1.0, minimum=0.0, maximum=100.0,

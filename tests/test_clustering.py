@@ -320,9 +320,9 @@ def test_incentive_standard_error_follows_validation_sizes() -> None:
     assert incentive_standard_error(fed, local, np.array([100, 100])) == pytest.approx(
         np.sqrt(2 * 0.375 / 100)
     )
-    big = incentive_standard_error(fed, local, np.array([560, 560]))
+    big = incentive_standard_error(fed, local, np.array([350, 350]))
     small = incentive_standard_error(fed, local, np.array([9, 9]))
-    assert small / big == pytest.approx(np.sqrt(560 / 9))
+    assert small / big == pytest.approx(np.sqrt(350 / 9))
     with pytest.raises(ValueError, match="num_samples"):
         incentive_standard_error(fed, local, np.array([10, 0]))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
@@ -330,25 +330,39 @@ def test_incentive_standard_error_follows_validation_sizes() -> None:
 
 
 def test_noise_threshold_rejects_a_costly_candidate_that_beta_admits() -> None:
-    """A Fashion-MNIST-sized trial (ACFL log, rotation seed 1): a group of 7, ~560
-    validation samples each, summed gain -0.137. beta = -0.17 admits the wrong
-    candidate; one standard error (~0.06) does not. With ~9 samples a member the
-    same gain is noise, and the noise threshold admits it."""
-    local = np.full(7, 0.78)
-    fed = local - 0.137 / 7
+    """A Fashion-MNIST-sized trial (ACFL log, rotation seed 1, trial 13): a group of 6
+    with ~350 validation samples each, summed gain -0.137, a candidate of another
+    rotation group. beta = -0.17 admits it; one standard error (~0.08) does not. With
+    ~9 samples a member the same gain is noise, and the noise threshold admits it."""
+    local = np.full(6, 0.78)
+    fed = local - 0.137 / 6
     for threshold, sizes, joins in [
-        ("beta", np.full(7, 560), True),
-        ("noise", np.full(7, 560), False),
-        ("noise", np.full(7, 9), True),
+        ("beta", np.full(6, 350), True),
+        ("noise", np.full(6, 350), False),
+        ("noise", np.full(6, 9), True),
     ]:
         acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, threshold=threshold)
-        for _ in range(5):  # grow the open cluster to 6 members
+        for _ in range(4):  # grow the open cluster to 5 members
             group = acfl.next_trial()
             assert group is not None
             acfl.report(np.full(group.size, 0.9), np.full(group.size, 0.8),
-                        np.full(group.size, 560))
-        assert acfl.next_trial().size == 7  # type: ignore[union-attr]
+                        np.full(group.size, 350))
+        assert acfl.next_trial().size == 6  # type: ignore[union-attr]
         assert acfl.report(fed, local, sizes) is joins, (threshold, sizes[0])
+    # Rotation seed 2: five members gain +0.054 each, the newcomer of another group
+    # loses 0.30; the sum, -0.03, passes both thresholds, the newcomer's own loss
+    # (~9 standard errors) does not pass the noise rule.
+    fed = np.array([0.834] * 5 + [0.48])
+    local = np.array([0.78] * 5 + [0.78])
+    for threshold, joins in [("beta", True), ("noise", False)]:
+        acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, threshold=threshold)
+        for _ in range(4):
+            group = acfl.next_trial()
+            assert group is not None
+            acfl.report(np.full(group.size, 0.9), np.full(group.size, 0.8),
+                        np.full(group.size, 350))
+        assert acfl.threshold_for(fed, local, np.full(6, 350)) < incentive(fed, local)
+        assert acfl.report(fed, local, np.full(6, 350)) is joins, threshold
     noisy = GreedyIncentiveClustering(np.eye(2), threshold="noise")
     with pytest.raises(ValueError, match="num_samples"):
         noisy.report(np.ones(2), np.ones(2))

@@ -137,10 +137,13 @@ class GreedyIncentiveClustering:
     The other unplaced clients are tried in order of descending similarity to
     the start client: each trial federates the cluster plus the candidate, and
     the candidate joins when the group shows positive incentive (eq. 8): its
-    incentive is at least ``beta`` (``threshold="beta"``, the paper's rule) or at
-    least ``-noise_z`` standard errors of the incentive (``threshold="noise"``,
-    :func:`incentive_standard_error`), a tolerance that follows the members'
-    validation sizes and the group's size instead of one number for every data set.
+    incentive is at least ``beta`` (``threshold="beta"``, the paper's rule), or
+    (``threshold="noise"``) the incentive is at least ``-noise_z`` standard errors
+    of itself (:func:`incentive_standard_error`) and the candidate's own gain at
+    least ``-noise_z`` standard errors of that gain: tolerances that follow the
+    members' validation sizes and the group's size instead of one number for every
+    data set, and a newcomer that federating harms is not admitted because the
+    members gain a little each.
     A rejected candidate stays unplaced for later clusters. The cluster closes
     when the list is exhausted or after ``m`` consecutive rejections; then the
     next cluster opens, until every client is placed. A cluster may end as a
@@ -173,8 +176,9 @@ class GreedyIncentiveClustering:
         Seed of the start-client draws.
     threshold : str (default: "beta")
         ``"beta"``: admit when the incentive is at least ``beta``. ``"noise"``: admit
-        when it is at least ``-noise_z`` times its standard error; :meth:`report`
-        then needs each member's validation size.
+        when it is at least ``-noise_z`` times its standard error and so is the
+        candidate's own gain; :meth:`report` then needs each member's validation
+        size.
     noise_z : float (default: 1.0)
         Tolerance of ``threshold="noise"`` in standard errors, >= 0.
 
@@ -249,7 +253,11 @@ class GreedyIncentiveClustering:
         local_acc: np.ndarray,
         num_samples: np.ndarray | None = None,
     ) -> float:
-        """The incentive a trial group with these scores must reach to admit its candidate."""
+        """The incentive a trial group with these scores must reach to admit its candidate.
+
+        With ``threshold="noise"`` the candidate's own gain is checked as well
+        (:meth:`report`).
+        """
         if self.threshold == "beta":
             return self.beta
         if num_samples is None:
@@ -292,6 +300,15 @@ class GreedyIncentiveClustering:
         accepted = has_positive_incentive(
             global_acc, local_acc, self.threshold_for(global_acc, local_acc, num_samples)
         )
+        if accepted and self.threshold == "noise":
+            # The sum can hide a newcomer's loss behind the members' small gains;
+            # it must not lose beyond its own noise either.
+            accepted = has_positive_incentive(
+                global_acc[-1:], local_acc[-1:],
+                -self.noise_z * incentive_standard_error(
+                    global_acc[-1:], local_acc[-1:], np.asarray(num_samples)[-1:]
+                ),
+            )
         self.num_trials_ += 1
         candidate = self._candidates.pop(0)
         if accepted:

@@ -97,8 +97,11 @@ class ACFL(HardClusteredStrategy):
         ``"beta"``: a candidate joins when the trial group's incentive is at least
         ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
         standard errors of the incentive, computed from the members' accuracies
-        and validation sizes (:func:`~fl_clusters.clustering.incentive_standard_error`).
-        A fixed ``beta`` is in units of summed accuracy: with ~560 validation
+        and validation sizes (:func:`~fl_clusters.clustering.incentive_standard_error`),
+        and the candidate's own gain is at least ``-noise_z`` standard errors of
+        that gain (a newcomer that loses by joining is not admitted because the
+        members gain a little each).
+        A fixed ``beta`` is in units of summed accuracy: with ~350 validation
         samples a client (Fashion-MNIST) a wrong candidate's trial can cost a
         group of 7 only -0.14 (admitted at beta = -0.17), while with ~9 (digits)
         one sample moves a member's gain by 0.11.
@@ -308,9 +311,13 @@ class ACFL(HardClusteredStrategy):
             threshold = clustering.threshold_for(group_acc, own_acc, sizes)
             accepted = clustering.report(group_acc, own_acc, sizes)
             self.trial_evaluations += 1
-            log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g): node %d %s",
-                self.trial_evaluations, len(members), float((group_acc - own_acc).sum()),
-                threshold, members[-1], "joins" if accepted else "is rejected")
+            # The candidate's own gain is logged apart: the sum can hide what
+            # federating costs the newcomer when the group is large.
+            log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g; candidate's "
+                "gain %.3f on %d samples): node %d %s", self.trial_evaluations, len(members),
+                float((group_acc - own_acc).sum()), threshold,
+                float(group_acc[-1] - own_acc[-1]), int(sizes[-1]), members[-1],
+                "joins" if accepted else "is rejected")
         labels = clustering.labels_
         # Nodes left out (absent from the last phase-1 round, or silent in the
         # local-only round) get no cluster: they choose among all by training loss.
