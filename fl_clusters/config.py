@@ -255,7 +255,7 @@ KEYS: tuple[ConfigKey, ...] = (
              "candidate's own gain are each >= -acfl-noise-z standard errors",
     ),
     ConfigKey(
-        "acfl-noise-z", 1.0, minimum=0.0, maximum=100.0,
+        "acfl-noise-z", 2.0, minimum=0.0, maximum=100.0,
         help="ACFL noise threshold: tolerance in standard errors of the incentive",
     ),
     ConfigKey(

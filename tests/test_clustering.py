@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -330,25 +331,35 @@ def test_incentive_standard_error_follows_validation_sizes() -> None:
 
 
 def test_noise_threshold_rejects_a_costly_candidate_that_beta_admits() -> None:
-    """A Fashion-MNIST-sized trial (ACFL log, rotation seed 1, trial 13): a group of 6
-    with ~350 validation samples each, summed gain -0.137, a candidate of another
-    rotation group. beta = -0.17 admits it; one standard error (~0.08) does not. With
-    ~9 samples a member the same gain is noise, and the noise threshold admits it."""
-    local = np.full(6, 0.78)
-    fed = local - 0.137 / 6
-    for threshold, sizes, joins in [
-        ("beta", np.full(6, 350), True),
-        ("noise", np.full(6, 350), False),
-        ("noise", np.full(6, 9), True),
-    ]:
-        acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, threshold=threshold)
-        for _ in range(4):  # grow the open cluster to 5 members
+    """Fashion-MNIST-sized trials (ACFL logs, CNN, ~350 validation samples a client).
+
+    Label permutation, seed 1, trial 5: a newcomer of another group loses 0.543
+    while five members gain 0.077 each; the sum, -0.157, passes beta = -0.17, the
+    newcomer's own loss (~14 standard errors) does not pass the noise rule. Trial 9:
+    a newcomer of the same group loses 0.034, about one standard error; z = 1
+    rejected it (a singleton cluster, ARI 0.93), z = 2 (the default) admits it.
+    With ~9 samples a member the first trial's gains are noise and it is admitted.
+    """
+
+    def trial(fed: np.ndarray, local: np.ndarray, sizes: np.ndarray, **kwargs: Any) -> bool:
+        acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, **kwargs)
+        for _ in range(fed.size - 2):  # grow the open cluster to fed.size - 1 members
             group = acfl.next_trial()
             assert group is not None
             acfl.report(np.full(group.size, 0.9), np.full(group.size, 0.8),
                         np.full(group.size, 350))
-        assert acfl.next_trial().size == 6  # type: ignore[union-attr]
-        assert acfl.report(fed, local, sizes) is joins, (threshold, sizes[0])
+        assert acfl.next_trial().size == fed.size  # type: ignore[union-attr]
+        return acfl.report(fed, local, sizes)
+
+    wrong_fed, wrong_local = np.array([0.857] * 5 + [0.237]), np.full(6, 0.78)
+    assert incentive(wrong_fed, wrong_local) == pytest.approx(-0.158)
+    assert trial(wrong_fed, wrong_local, np.full(6, 350), threshold="beta")
+    assert not trial(wrong_fed, wrong_local, np.full(6, 350), threshold="noise")
+    right_fed, right_local = np.array([0.7785, 0.7785, 0.746]), np.full(3, 0.78)
+    assert trial(right_fed, right_local, np.full(3, 350), threshold="noise")
+    assert not trial(right_fed, right_local, np.full(3, 350), threshold="noise", noise_z=1.0)
+    tiny = np.full(6, 9)
+    assert trial(np.array([0.78] * 5 + [0.556]), wrong_local, tiny, threshold="noise")
     # Rotation seed 2: five members gain +0.054 each, the newcomer of another group
     # loses 0.30; the sum, -0.03, passes both thresholds, the newcomer's own loss
     # (~9 standard errors) does not pass the noise rule.
@@ -356,13 +367,8 @@ def test_noise_threshold_rejects_a_costly_candidate_that_beta_admits() -> None:
     local = np.array([0.78] * 5 + [0.78])
     for threshold, joins in [("beta", True), ("noise", False)]:
         acfl = GreedyIncentiveClustering(np.ones((8, 8)), seed=0, threshold=threshold)
-        for _ in range(4):
-            group = acfl.next_trial()
-            assert group is not None
-            acfl.report(np.full(group.size, 0.9), np.full(group.size, 0.8),
-                        np.full(group.size, 350))
         assert acfl.threshold_for(fed, local, np.full(6, 350)) < incentive(fed, local)
-        assert acfl.report(fed, local, np.full(6, 350)) is joins, threshold
+        assert trial(fed, local, np.full(6, 350), threshold=threshold) is joins, threshold
     noisy = GreedyIncentiveClustering(np.eye(2), threshold="noise")
     with pytest.raises(ValueError, match="num_samples"):
         noisy.report(np.ones(2), np.ones(2))

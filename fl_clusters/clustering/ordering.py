@@ -179,7 +179,7 @@ class GreedyIncentiveClustering:
         when it is at least ``-noise_z`` times its standard error and so is the
         candidate's own gain; :meth:`report` then needs each member's validation
         size.
-    noise_z : float (default: 1.0)
+    noise_z : float (default: 2.0)
         Tolerance of ``threshold="noise"`` in standard errors, >= 0.
 
     Attributes
@@ -200,7 +200,7 @@ class GreedyIncentiveClustering:
         max_rejections: int = 3,
         seed: int | None = None,
         threshold: str = "beta",
-        noise_z: float = 1.0,
+        noise_z: float = 2.0,
     ) -> None:
         if not math.isfinite(beta):
             raise ValueError(f"beta={beta} must be a finite number")

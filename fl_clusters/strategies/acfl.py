@@ -105,7 +105,7 @@ class ACFL(HardClusteredStrategy):
         samples a client (Fashion-MNIST) a wrong candidate's trial can cost a
         group of 7 only -0.14 (admitted at beta = -0.17), while with ~9 (digits)
         one sample moves a member's gain by 0.11.
-    noise_z : float (default: 1.0)
+    noise_z : float (default: 2.0)
         Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
@@ -127,7 +127,7 @@ class ACFL(HardClusteredStrategy):
         phase1_rounds: int = 10,
         trial_epochs: int = 60,
         incentive_threshold: str = "beta",
-        noise_z: float = 1.0,
+        noise_z: float = 2.0,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
         min_available_nodes: int = 2,
