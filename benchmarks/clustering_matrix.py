@@ -195,20 +195,12 @@ def write_table(results: dict[str, Any]) -> None:
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings as run-config values (TOML scalars: 1, 0.5, true, "text")."""
-    import tomllib
+    """``KEY=VALUE`` pairs read as ``flwr run --run-config`` reads them (strings quoted)."""
+    from flwr.common.config import parse_config_args
 
     from fl_clusters.config import parse_run_config
 
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {pair!r}: expected KEY=VALUE")
-        try:
-            values[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            values[key] = raw  # a bare word: a string choice such as noise
+    values = parse_config_args([" ".join(pairs)]) if pairs else {}
     parse_run_config(values)  # an unknown key or a bad value fails before any run
     return values
 
@@ -232,8 +224,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--data-root", default="", help="folder of local data files")
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE",
-        help="run-config overrides (a candidate default); needs --out, since the "
-             "matrix itself holds default settings only",
+        help="run-config overrides, as flwr run --run-config takes them (key=\"text\" "
+             "key=2.0); needs --out, since the matrix itself holds default settings only",
     )
     parser.add_argument(
         "--out", type=Path, default=OUT,
