@@ -180,7 +180,10 @@ KEYS: tuple[ConfigKey, ...] = (
         help="CFL: accept when max cross-cluster cosine < this",
     ),
     ConfigKey("cfl-warmup-rounds", 2, minimum=0, help="CFL: no split in the first rounds"),
-    ConfigKey("acfl-beta", -0.17, minimum=-100.0, maximum=100.0, help="ACFL incentive threshold"),
+    ConfigKey(
+        "acfl-beta", -0.17, minimum=-100.0, maximum=100.0,
+        help="ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)",
+    ),
     ConfigKey("acfl-max-rejections", 3, minimum=1, help="ACFL: close a cluster after m misses"),
     ConfigKey("acfl-mean-norm-max", 0.4, minimum=0.0, help="ACFL phase 1: mean norm below"),
     ConfigKey("acfl-max-norm-min", 0.0, minimum=0.0, help="ACFL phase 1: max norm above"),
@@ -250,9 +253,10 @@ KEYS: tuple[ConfigKey, ...] = (
         help="ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
     ),
     ConfigKey(
-        "acfl-incentive-threshold", "beta", choices=INCENTIVE_THRESHOLDS,
-        help="ACFL: a candidate joins when the incentive is >= acfl-beta, or when it and the "
-             "candidate's own gain are each >= -acfl-noise-z standard errors",
+        "acfl-incentive-threshold", "noise", choices=INCENTIVE_THRESHOLDS,
+        help="ACFL: a candidate joins when the incentive and the candidate's own gain are "
+             "each >= -acfl-noise-z standard errors (noise), or when the incentive is >= "
+             "acfl-beta (beta, the paper)",
     ),
     ConfigKey(
         "acfl-noise-z", 2.0, minimum=0.0, maximum=100.0,

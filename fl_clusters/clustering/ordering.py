@@ -178,7 +178,9 @@ class GreedyIncentiveClustering:
         ``"beta"``: admit when the incentive is at least ``beta``. ``"noise"``: admit
         when it is at least ``-noise_z`` times its standard error and so is the
         candidate's own gain; :meth:`report` then needs each member's validation
-        size.
+        size. The ACFL strategy uses ``"noise"`` by default (measured in
+        docs/clustering-defaults.md); ``"beta"`` here keeps the paper's rule for
+        callers without validation sizes.
     noise_z : float (default: 2.0)
         Tolerance of ``threshold="noise"`` in standard errors, >= 0.
 

@@ -36,9 +36,12 @@ class ACFL(HardClusteredStrategy):
     last phase-1 updates order the candidates, and
     :class:`~fl_clusters.clustering.GreedyIncentiveClustering` grows each cluster
     from a seeded start client, admitting a candidate when a trial federation of
-    the cluster plus the candidate gives its members a positive incentive
-    (``sum(federated - local-only validation accuracy) >= beta``). Phase 3 is
-    FedAvg inside each cluster.
+    the cluster plus the candidate gives its members a positive incentive: by
+    default the incentive ``sum(federated - local-only validation accuracy)``
+    and the candidate's own gain each stay within ``noise_z`` standard errors
+    of zero (``incentive_threshold="noise"``); the paper's rule asks
+    ``incentive >= beta`` (``incentive_threshold="beta"``). Phase 3 is FedAvg
+    inside each cluster.
 
     Each node trains its local-only model once, ``trial_epochs`` local epochs
     from the phase-1 model, and scores it on its validation split. A trial
@@ -73,7 +76,8 @@ class ACFL(HardClusteredStrategy):
     Parameters
     ----------
     beta : float (default: -0.17)
-        Incentive threshold (the paper's best value).
+        Incentive threshold of ``incentive_threshold="beta"`` (the paper's best
+        value).
     max_rejections : int (default: 3)
         Largest number ``m`` of consecutive rejections that closes a cluster; it
         shrinks with the number of unplaced nodes.
@@ -93,7 +97,7 @@ class ACFL(HardClusteredStrategy):
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
-    incentive_threshold : str (default: "beta")
+    incentive_threshold : str (default: "noise")
         ``"beta"``: a candidate joins when the trial group's incentive is at least
         ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
         standard errors of the incentive, computed from the members' accuracies
@@ -126,7 +130,7 @@ class ACFL(HardClusteredStrategy):
         max_norm_min: float = 0.0,
         phase1_rounds: int = 10,
         trial_epochs: int = 60,
-        incentive_threshold: str = "beta",
+        incentive_threshold: str = "noise",
         noise_z: float = 2.0,
         fraction_train: float = 1.0,
         fraction_evaluate: float = 1.0,
