@@ -68,10 +68,11 @@ class ACFL(HardClusteredStrategy):
     samples per client), right candidates score -0.03 to +0.08 and wrong ones
     -0.43 to -0.92 against beta = -0.17: ARI 1.0 with 22 trials at seeds 0, 1
     and 2. 4-rotation Fashion-MNIST (~2,800 train samples each, 3 trial epochs)
-    gave ARI 0.86 to 1.0 with ``beta``, 1.0 with ``"noise"``. The same noise can split one distribution: on IID
-    shared digits a group of 2-4 clients gains ~0 from federating, and one early
-    trial at -0.22 (two validation samples) split off a second cluster; on IID
-    Fashion-MNIST every trial scored +0.09 or more, and all 20 clients joined.
+    gave ARI 0.86 to 1.0 with ``beta``, 1.0 with ``"noise"``. The same noise can
+    split one distribution: on IID shared digits a group of 2-4 clients gains ~0
+    from federating, and one early trial at -0.22 (two validation samples) split
+    off a second cluster; on IID Fashion-MNIST every trial scored +0.09 or more,
+    and all 20 clients joined.
     A fixed ``beta`` also let a newcomer of another group into a large group whose
     members gained a little each (Fashion-MNIST CNN: ARI 0.72 to 0.86); the
     default ``"noise"`` threshold checks the candidate's own gain too and gave
