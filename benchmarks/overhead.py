@@ -20,6 +20,7 @@ Writes JSON to ``--out`` and prints a markdown table.
 
     python benchmarks/overhead.py [--clients 20 100 1000] [--datasets digits fashion-mnist]
         [--strategies fedavg ifca] [--rounds 5] [--via flwr-run|simulation]
+        [--max-in-flight 0 32 512] [--num-gpus 0.1] [--data-root DIR]
         [--out benchmarks/measured/overhead.json]
 """
 
@@ -171,7 +172,7 @@ def _maxrss_mb(usage: resource.struct_rusage) -> float:
 
 def run_config(
     dataset: str, strategy: str, clients: int, rounds: int, results_dir: str,
-    max_in_flight: int = 0,
+    max_in_flight: int = 0, data_root: str = "",
 ) -> dict[str, Any]:
     """The run-config keys a job sets; every other key keeps its default."""
     return {
@@ -182,6 +183,7 @@ def run_config(
         "plots": False,
         "results-dir": results_dir,
         "max-in-flight": max_in_flight,
+        "data-root": data_root,
     }
 
 
@@ -344,7 +346,7 @@ def in_fresh_process(
 
 
 def _simulation_child(
-    config: dict[str, Any], clients: int, t0: float, conn: Any
+    config: dict[str, Any], clients: int, num_gpus: float, t0: float, conn: Any
 ) -> None:
     marks = RoundMarks()
     logging.getLogger("flwr").addHandler(marks)
@@ -352,7 +354,7 @@ def _simulation_child(
         server_app=build_server_app(config),
         client_app=build_client_app(config),
         num_supernodes=clients,
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": num_gpus}},
     )
     conn.send(
         {
@@ -364,9 +366,12 @@ def _simulation_child(
     )
 
 
-def federation_simulation(config: dict[str, Any], clients: int) -> dict[str, Any]:
-    """Run one job with ``run_simulation`` (as tests/conftest.py does) in a fresh process."""
-    result, t0, tree_mb = in_fresh_process(_simulation_child, config, clients)
+def federation_simulation(
+    config: dict[str, Any], clients: int, num_gpus: float = 0.0
+) -> dict[str, Any]:
+    """Run one job with ``run_simulation`` (as tests/conftest.py does) in a fresh process,
+    one CPU and ``num_gpus`` GPUs per client."""
+    result, t0, tree_mb = in_fresh_process(_simulation_child, config, clients, num_gpus)
     summary = read_summary(config["results-dir"])
     return {
         "command": "flwr.simulation.run_simulation in a spawned process",
@@ -535,7 +540,8 @@ def plain_loop(config: dict[str, Any], clients: int) -> dict[str, Any]:
 
 def measure(
     dataset: str, strategy: str, clients: int, rounds: int, via: str,
-    max_in_flight: int = 0, plain: dict[str, Any] | None = None,
+    max_in_flight: int = 0, plain: dict[str, Any] | None = None, data_root: str = "",
+    num_gpus: float = 0.0,
 ) -> dict[str, Any]:
     """One job: the federation, then the plain loop, and their ratio of round times.
 
@@ -543,10 +549,13 @@ def measure(
     does not change the plain loop's work).
     """
     results_dir = tempfile.mkdtemp(prefix="overhead-")
-    config = run_config(dataset, strategy, clients, rounds, results_dir, max_in_flight)
+    config = run_config(dataset, strategy, clients, rounds, results_dir, max_in_flight,
+                        data_root)
     try:
-        run = federation_flwr_run if via == "flwr-run" else federation_simulation
-        federation = run(config, clients)
+        if via == "flwr-run":
+            federation = federation_flwr_run(config, clients)
+        else:
+            federation = federation_simulation(config, clients, num_gpus)
     finally:
         shutil.rmtree(results_dir)
     plain = plain or plain_loop(config, clients)
@@ -557,6 +566,7 @@ def measure(
         "rounds": rounds,
         "via": via,
         "max_in_flight": max_in_flight,
+        "num_gpus_per_client": num_gpus,
         "federation": federation,
         "plain_loop": plain,
         "round_ratio": federation["round_mean_s"] / plain["round_mean_s"],
@@ -603,6 +613,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def write_results(out: Path, info: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Write the machine facts and the jobs measured so far to ``out`` as JSON."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"machine": info, "jobs": rows}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[20, 100, 1000])
@@ -613,8 +629,15 @@ def main() -> None:
     parser.add_argument("--via", choices=("flwr-run", "simulation"), default="flwr-run")
     parser.add_argument("--max-in-flight", type=int, nargs="+", default=[0],
                         help="run-config max-in-flight values to try (0 = the app's default)")
+    parser.add_argument("--data-root", default="",
+                        help="folder of the data set's files ('' = the loader's default)")
+    parser.add_argument("--num-gpus", type=float, default=0.0,
+                        help="GPUs per client with --via simulation (0.1: ten clients a GPU)")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.num_gpus and args.via != "simulation":
+        parser.error("--num-gpus needs --via simulation (flwr run takes the federation's "
+                     "client-resources-num-gpus)")
     info = {**machine_info(), "load_average_before": os.getloadavg()}
     rows: list[dict[str, Any]] = []
     for dataset in args.datasets:
@@ -623,11 +646,11 @@ def main() -> None:
                 plain = None
                 for window in args.max_in_flight:
                     rows.append(measure(dataset, strategy, clients, args.rounds, args.via,
-                                        window, plain))
+                                        window, plain, args.data_root, args.num_gpus))
                     plain = rows[-1]["plain_loop"]
-    info["load_average_after"] = os.getloadavg()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": info, "jobs": rows}, indent=2) + "\n")
+                    # Written after every job: a run cut short keeps what it measured.
+                    info["load_average_after"] = os.getloadavg()
+                    write_results(args.out, info, rows)
     print(markdown_table(rows))
 
 
