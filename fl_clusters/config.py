@@ -280,8 +280,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "max-in-flight",
         0,
         minimum=0,
-        help="most messages pushed and unanswered at once (0 = 128 in simulation, no limit "
-        "deployed)",
+        help="most messages pushed and unanswered at once (0 = 16 a CPU core in simulation, "
+        "no limit deployed)",
     ),
     ConfigKey("round-timeout", 3600.0, minimum=1.0,
               help="seconds every send (round, query, report) waits for replies; later ones drop"),

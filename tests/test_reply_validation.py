@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterable
 
@@ -379,7 +380,9 @@ def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
     # simulation grid gets the window by default.
     assert MeteredGrid(StubGrid([1])).max_in_flight is None  # type: ignore[arg-type]
     simulated = MeteredGrid(InMemoryGrid.__new__(InMemoryGrid))
-    assert simulated.max_in_flight == metrics_module.SIMULATION_IN_FLIGHT
+    assert simulated.max_in_flight == metrics_module.simulation_in_flight()
+    cores = len(os.sched_getaffinity(0))
+    assert metrics_module.simulation_in_flight() == 16 * cores
     with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
         MeteredGrid(inner, max_in_flight=0)  # type: ignore[arg-type]
 
@@ -400,6 +403,6 @@ def test_the_max_in_flight_key_sets_the_window_and_leaves_the_run_unchanged(
     job = {"strategy": "ifca", "num-rounds": 2, "num-clusters": 2, "seed": 3}
     one_at_a_time = federation({**job, "max-in-flight": 1}, num_clients=6)
     default = federation(job, num_clients=6)
-    assert windows == [1, metrics_module.SIMULATION_IN_FLIGHT]
+    assert windows == [1, metrics_module.simulation_in_flight()]
     for key in ("personalized_accuracy", "ari", "bytes_sent", "bytes_received"):
         assert one_at_a_time[key] == default[key], key
