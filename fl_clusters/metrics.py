@@ -82,8 +82,9 @@ PULL_MAX_S = 0.5
 # In simulation at most this many messages per CPU core wait in Flower's in-memory
 # state at once: its dispatcher checks every stored message for every node every
 # 0.1 s, so a tick costs nodes x stored messages and takes its cycles from the
-# ClientApp actors. At 1,000 clients on 2 cores, 16 a core was the fastest window
-# measured (8 starves the actors); on 16 cores 128 and 1,000 tie (docs/performance.md).
+# ClientApp actors. At 1,000 clients on 2 cores a window of 32 was the fastest
+# measured (8 starved the actors, 128 and 512 were slower); on 16 cores 128 and
+# 1,000 tie (docs/performance.md).
 SIMULATION_IN_FLIGHT_PER_CORE = 16
 
 
@@ -91,7 +92,12 @@ def simulation_in_flight() -> int:
     """The default message window in simulation: ``SIMULATION_IN_FLIGHT_PER_CORE``
     times the CPU cores this process may run on (Flower's simulation runs its actors
     on the same machine)."""
-    return SIMULATION_IN_FLIGHT_PER_CORE * len(os.sched_getaffinity(0))
+    # sched_getaffinity honours CPU limits set on the process; it is Linux-only.
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    return SIMULATION_IN_FLIGHT_PER_CORE * cores
 
 
 class MeteredGrid(Grid):

@@ -381,10 +381,21 @@ def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
     assert MeteredGrid(StubGrid([1])).max_in_flight is None  # type: ignore[arg-type]
     simulated = MeteredGrid(InMemoryGrid.__new__(InMemoryGrid))
     assert simulated.max_in_flight == metrics_module.simulation_in_flight()
-    cores = len(os.sched_getaffinity(0))
-    assert metrics_module.simulation_in_flight() == 16 * cores
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
+        assert metrics_module.simulation_in_flight() == 16 * len(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
         MeteredGrid(inner, max_in_flight=0)  # type: ignore[arg-type]
+
+
+def test_the_default_window_counts_cores_where_affinity_is_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # macOS and Windows have no sched_getaffinity: the machine's core count stands in.
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert metrics_module.simulation_in_flight() == 48
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert metrics_module.simulation_in_flight() == 16
 
 
 def test_the_max_in_flight_key_sets_the_window_and_leaves_the_run_unchanged(
