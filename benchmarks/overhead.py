@@ -20,7 +20,7 @@ Writes JSON to ``--out`` and prints a markdown table.
 
     python benchmarks/overhead.py [--clients 20 100 1000] [--datasets digits fashion-mnist]
         [--strategies fedavg ifca] [--rounds 5] [--via flwr-run|simulation]
-        [--max-in-flight 0 32 512] [--num-gpus 0.1] [--data-root DIR]
+        [--max-in-flight 0 32 512] [--model mlp|cnn] [--num-gpus 0.1] [--data-root DIR]
         [--out benchmarks/measured/overhead.json]
 """
 
@@ -172,9 +172,10 @@ def _maxrss_mb(usage: resource.struct_rusage) -> float:
 
 def run_config(
     dataset: str, strategy: str, clients: int, rounds: int, results_dir: str,
-    max_in_flight: int = 0, data_root: str = "",
+    max_in_flight: int = 0, overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The run-config keys a job sets; every other key keeps its default."""
+    """The run-config keys a job sets, then ``overrides`` (e.g. ``model``, ``data-root``);
+    every other key keeps its default."""
     return {
         "strategy": strategy,
         "dataset": dataset,
@@ -183,7 +184,7 @@ def run_config(
         "plots": False,
         "results-dir": results_dir,
         "max-in-flight": max_in_flight,
-        "data-root": data_root,
+        **(overrides or {}),
     }
 
 
@@ -540,8 +541,8 @@ def plain_loop(config: dict[str, Any], clients: int) -> dict[str, Any]:
 
 def measure(
     dataset: str, strategy: str, clients: int, rounds: int, via: str,
-    max_in_flight: int = 0, plain: dict[str, Any] | None = None, data_root: str = "",
-    num_gpus: float = 0.0,
+    max_in_flight: int = 0, plain: dict[str, Any] | None = None,
+    overrides: dict[str, Any] | None = None, num_gpus: float = 0.0,
 ) -> dict[str, Any]:
     """One job: the federation, then the plain loop, and their ratio of round times.
 
@@ -550,7 +551,7 @@ def measure(
     """
     results_dir = tempfile.mkdtemp(prefix="overhead-")
     config = run_config(dataset, strategy, clients, rounds, results_dir, max_in_flight,
-                        data_root)
+                        overrides)
     try:
         if via == "flwr-run":
             federation = federation_flwr_run(config, clients)
@@ -567,6 +568,7 @@ def measure(
         "via": via,
         "max_in_flight": max_in_flight,
         "num_gpus_per_client": num_gpus,
+        "run_config_overrides": overrides or {},
         "federation": federation,
         "plain_loop": plain,
         "round_ratio": federation["round_mean_s"] / plain["round_mean_s"],
@@ -631,6 +633,7 @@ def main() -> None:
                         help="run-config max-in-flight values to try (0 = the app's default)")
     parser.add_argument("--data-root", default="",
                         help="folder of the data set's files ('' = the loader's default)")
+    parser.add_argument("--model", default="mlp", help="the run-config key model (mlp, cnn)")
     parser.add_argument("--num-gpus", type=float, default=0.0,
                         help="GPUs per client with --via simulation (0.1: ten clients a GPU)")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -638,6 +641,7 @@ def main() -> None:
     if args.num_gpus and args.via != "simulation":
         parser.error("--num-gpus needs --via simulation (flwr run takes the federation's "
                      "client-resources-num-gpus)")
+    overrides = {"model": args.model, "data-root": args.data_root}
     info = {**machine_info(), "load_average_before": os.getloadavg()}
     rows: list[dict[str, Any]] = []
     for dataset in args.datasets:
@@ -646,7 +650,7 @@ def main() -> None:
                 plain = None
                 for window in args.max_in_flight:
                     rows.append(measure(dataset, strategy, clients, args.rounds, args.via,
-                                        window, plain, args.data_root, args.num_gpus))
+                                        window, plain, overrides, args.num_gpus))
                     plain = rows[-1]["plain_loop"]
                     # Written after every job: a run cut short keeps what it measured.
                     info["load_average_after"] = os.getloadavg()
