@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
+from fl_clusters.apps import pass_ray_messages_inline
 from fl_clusters.client_app import (
     LOCAL_MODEL,
     _candidate_models,
@@ -266,6 +267,7 @@ class ClusteredClient:
         # FedProx/FedSoft centres of the message being handled, for regularizer().
         self._centers: list[tuple[dict[str, torch.Tensor], float]] = []
         self._register_queries(app, metadata_fn)
+        pass_ray_messages_inline()
 
     def learner(self, context: Context) -> LoaderLearner:
         """A scorer on this node's loaders; checks the batch format first."""

@@ -21,6 +21,7 @@ from flwr.clientapp.typing import Mod
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
+from fl_clusters.apps import pass_ray_messages_inline
 from fl_clusters.clustering import (
     best_fit_counts,
     e_step,
@@ -508,6 +509,8 @@ def register_handlers(
         source distribution) is not forwarded: the report returns every cluster
         model's correct counts per group (``group-correct``, ``group-counts``).
     """
+
+    pass_ray_messages_inline()
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
