@@ -3,9 +3,10 @@
 For every (data set, strategy, number of clients) job, runs the app's own federation
 (``flwr run`` from the project root, or ``flwr.simulation.run_simulation`` in a fresh
 process) and then the same work without Flower: the same partitions, model, seeds and
-local SGD steps per client per round, FedAvg (or IFCA's loss-based choice and
-per-cluster) averaging and every client's test evaluation each round, one client after
-the other in one process with one torch thread (a client's ``torch-threads``).
+local SGD steps per client per round, FedAvg with Flower's own averaging (or
+IFCA's loss-based choice and fl-clusters' per-cluster averaging) and every client's
+test evaluation each round, one client after the other in one process with one torch
+thread (a client's ``torch-threads``).
 
 Round times are the ServerApp's own (``seconds`` in the run's rounds.jsonl: from
 sending a round's training messages to aggregating its evaluation). Start-up is
@@ -48,7 +49,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from flwr.simulation import run_simulation
 from torch.utils.data import TensorDataset
 
@@ -433,6 +435,15 @@ def average(models: list[ArrayRecord], weights: list[float]) -> ArrayRecord:
     return p.numpy_to_record(names, weighted_average(layers, weights))
 
 
+def fedavg_average(models: list[ArrayRecord], weights: list[float]) -> ArrayRecord:
+    """Flower's FedAvg mean (its own function: float32 sums in the replies' order)."""
+    records = [
+        RecordDict({"arrays": m, "metrics": MetricRecord({"num-examples": w})})
+        for m, w in zip(models, weights, strict=True)
+    ]
+    return aggregate_arrayrecords(records, "num-examples")
+
+
 def plain_round(
     learners: list[TorchLearner], models: list[ArrayRecord], settings: dict[str, Any],
     server_round: int, num_clusters: int, known: list[dict[bytes, float]],
@@ -473,11 +484,15 @@ def plain_round(
     new_models = []
     for j, model in enumerate(models):
         members = [i for i, cluster in enumerate(chosen) if cluster == j]
-        new_models.append(
-            average([trained[i] for i in members], [weights[i] for i in members])
-            if members
-            else model
-        )
+        if not members:
+            new_models.append(model)
+        elif num_clusters == 1:
+            new_models.append(fedavg_average([trained[i] for i in members],
+                                             [weights[i] for i in members]))
+        else:
+            new_models.append(
+                average([trained[i] for i in members], [weights[i] for i in members])
+            )
     return new_models
 
 
