@@ -481,18 +481,16 @@ def plain_round(
         ).tolist()
         models = models * num_clusters
     weights = [float(learner.num_examples("train")) for learner in learners]
+    # FedAvg averages as Flower's FedAvg does, IFCA as fl-clusters' strategies do.
+    mean = fedavg_average if num_clusters == 1 else average
     new_models = []
     for j, model in enumerate(models):
         members = [i for i, cluster in enumerate(chosen) if cluster == j]
-        if not members:
-            new_models.append(model)
-        elif num_clusters == 1:
-            new_models.append(fedavg_average([trained[i] for i in members],
-                                             [weights[i] for i in members]))
-        else:
-            new_models.append(
-                average([trained[i] for i in members], [weights[i] for i in members])
-            )
+        new_models.append(
+            mean([trained[i] for i in members], [weights[i] for i in members])
+            if members
+            else model
+        )
     return new_models
 
 
