@@ -1,0 +1,15 @@
+"""Sweeps: a grid of runs from one TOML file, run in one process and kept traceable.
+
+- :mod:`~fl_clusters.sweep.spec`: read and check a sweep file, expand its cells.
+- :mod:`~fl_clusters.sweep.runner`: run the cells on one Ray session, resumably.
+- :mod:`~fl_clusters.sweep.report`: the table (CSV, Markdown) and plots.
+- :mod:`~fl_clusters.sweep.provenance`: commit, machine and versions of every run.
+- :mod:`~fl_clusters.sweep.cli`: ``fl-clusters sweep`` and ``python -m fl_clusters.sweep``.
+
+docs/sweeps.md describes the file format and what a sweep writes.
+"""
+
+from fl_clusters.sweep.runner import run_sweep
+from fl_clusters.sweep.spec import Cell, Sweep, SweepFileError, load_sweep, parse_sweep
+
+__all__ = ["Cell", "Sweep", "SweepFileError", "load_sweep", "parse_sweep", "run_sweep"]

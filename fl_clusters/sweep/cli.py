@@ -1,0 +1,101 @@
+"""The ``fl-clusters`` command: ``fl-clusters sweep FILE.toml`` runs a sweep file.
+
+``python -m fl_clusters.sweep FILE.toml`` is the same command without the
+``sweep`` word. docs/sweeps.md describes the file and what a sweep writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fl_clusters.sweep.runner import (
+    RUNS_FILE,
+    pending_cells,
+    read_runs,
+    run_sweep,
+    sweep_folder,
+)
+from fl_clusters.sweep.spec import SweepFileError, load_sweep
+
+
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sweep command's arguments, on ``parser``."""
+    parser.add_argument("file", type=Path, help="the sweep file (TOML; docs/sweeps.md)")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="the sweep's folder (default: results/sweeps/NAME under the current folder)",
+    )
+    parser.add_argument(
+        "--retry-failed", action="store_true",
+        help="run the cells whose recorded run failed again (they are skipped by default)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="check the file and list its cells, recorded or not; run nothing",
+    )
+    parser.add_argument(
+        "--report", action="store_true",
+        help="only rewrite the table and plots from runs.jsonl",
+    )
+
+
+def sweep_command(args: argparse.Namespace) -> int:
+    """Run (or check, or report) the sweep ``args.file``; the exit status."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(file=sys.stderr)
+    try:
+        sweep = load_sweep(args.file)
+    except SweepFileError as err:
+        console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
+                      soft_wrap=True)
+        return 2
+    folder = sweep_folder(sweep, args.out)
+    if args.dry_run:
+        todo = {cell.key for cell in pending_cells(sweep, read_runs(folder / RUNS_FILE),
+                                                   args.retry_failed)}
+        for cell in sweep.cells:
+            print(f"{cell.key}  {'to run  ' if cell.key in todo else 'recorded'}  {cell.name}")
+        print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
+        return 0
+    if args.report:
+        from fl_clusters.sweep.report import write_report
+
+        for path in write_report(sweep, read_runs(folder / RUNS_FILE), folder):
+            print(path)
+        return 0
+    try:
+        run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console)
+    except SweepFileError as err:
+        console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
+                      soft_wrap=True)
+        return 2
+    return 0
+
+
+def sweep_main(argv: list[str] | None = None) -> int:
+    """``python -m fl_clusters.sweep FILE.toml [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fl_clusters.sweep", description="Run a sweep file (docs/sweeps.md)."
+    )
+    add_sweep_arguments(parser)
+    return sweep_command(parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fl-clusters SUBCOMMAND ...``: the project's command line."""
+    parser = argparse.ArgumentParser(prog="fl-clusters", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_sweep_arguments(commands.add_parser(
+        "sweep", help="run a sweep file: a grid of runs in one process (docs/sweeps.md)",
+        description="Run a sweep file (docs/sweeps.md).",
+    ))
+    args = parser.parse_args(argv)
+    return sweep_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""Run a sweep's cells in this process, on one Ray session, recording one line a run.
+
+Every cell is one ``flwr.simulation.run_simulation`` of the fl-clusters ServerApp
+and ClientApp. Flower starts Ray only when it is not running yet, but its Ray
+backend shuts Ray down at the end of every simulation
+(``RayBackend.terminate``), so back-to-back simulations would each pay Ray's
+start-up. :class:`RaySession` starts Ray once for the whole sweep and, while it is
+open, lets a simulation's end terminate only its own ClientApp actors.
+
+Each finished run appends one line to ``runs.jsonl`` (flushed to disk at once), so
+a sweep that is stopped and started again skips every cell whose key it finds
+there (:func:`fl_clusters.sweep.spec.cell_key`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from fl_clusters.apps import pass_ray_messages_inline
+from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
+from fl_clusters.sweep.spec import Cell, Sweep
+
+RUNS_FILE = "runs.jsonl"
+MANIFEST_FILE = "manifest.json"
+SWEEP_COPY = "sweep.toml"
+RUNS_FOLDER = "runs"
+LOGS_FOLDER = "logs"
+# The summary.json fields each run's line keeps (docs/results-fields.md).
+SUMMARY_FIELDS = (
+    "ari", "nmi", "personalized_accuracy", "num_clusters_found", "rounds_to_target",
+    "bytes_sent", "bytes_received", "wall_time_s",
+)
+# Ray's own settings for a simulation (flwr.supercore.constant.DEFAULT_SIMULATION_CONFIG).
+RAY_LOGGING_LEVEL = "WARNING"
+
+
+class RunTimeoutError(TimeoutError):
+    """A run took longer than the sweep file's ``run-timeout-s``."""
+
+
+def sweep_folder(sweep: Sweep, out: Path | None = None) -> Path:
+    """Where a sweep writes: ``out``, else ``results/sweeps/NAME`` under the working folder."""
+    return out if out is not None else Path("results") / "sweeps" / sweep.name
+
+
+def read_runs(path: Path) -> list[dict[str, Any]]:
+    """The lines of ``runs.jsonl``; a last line cut off mid-write is dropped from the file.
+
+    A sweep killed while writing leaves at most one partial line, at the end: it
+    is removed so that the next line starts on a line of its own.
+    """
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
+
+
+def append_run(path: Path, line: Mapping[str, Any]) -> None:
+    """Append one run's line to ``runs.jsonl`` and put it on disk before going on."""
+    with path.open("a") as out:
+        out.write(json.dumps(line, allow_nan=False) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+class RaySession(contextlib.AbstractContextManager["RaySession"]):
+    """Ray started once for many simulations in this process.
+
+    On entry Ray starts as Flower's simulation would start it (no dashboard,
+    Ray's WARNING log, this process's ``sys.path`` for the workers) and sees every
+    GPU of the machine, so clients may ask for a fraction of one
+    (``client-resources-num-gpus``). Until exit, Flower's ``RayBackend.terminate``
+    terminates the simulation's actors and leaves Ray running; exit restores it
+    and shuts Ray down.
+    """
+
+    def __enter__(self) -> RaySession:
+        import ray
+        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+        if ray.is_initialized():
+            raise RuntimeError("Ray is already running in this process; a sweep starts its own")
+        # Read by Ray when it starts: messages travel inline with their task.
+        pass_ray_messages_inline()
+        pythonpath = os.pathsep.join(
+            [*sys.path, *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
+        )
+        ray.init(
+            include_dashboard=False, logging_level=RAY_LOGGING_LEVEL, log_to_driver=True,
+            runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+        )
+        self._backend = RayBackend
+        self._terminate = RayBackend.terminate
+
+        def terminate_actors_only(backend: Any) -> None:
+            if backend.pool:
+                backend.pool.terminate_all_actors()
+
+        RayBackend.terminate = terminate_actors_only  # type: ignore[method-assign]
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.resources = dict(ray.cluster_resources())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import ray
+
+        self._backend.terminate = self._terminate  # type: ignore[method-assign]
+        ray.shutdown()
+
+
+def stop_at_deadline(grid: Any, deadline: float, limit_s: float) -> None:
+    """Make ``grid`` raise :class:`RunTimeoutError` on any use after ``deadline``.
+
+    The ServerApp exchanges messages with its clients through these calls and,
+    while it waits for replies, pulls at least every 0.5 s, so a run past its
+    time stops there; Flower then ends the simulation as for any ServerApp error.
+    Only this run's grid object is changed (its class stays Flower's, which the
+    ServerApp's message window checks for).
+    """
+    for name in ("get_node_ids", "push_messages", "pull_messages", "send_and_receive"):
+        method = getattr(grid, name)
+
+        def checked(*args: Any, _method: Callable[..., Any] = method, **kwargs: Any) -> Any:
+            if time.monotonic() > deadline:
+                raise RunTimeoutError(
+                    f"the run took longer than run-timeout-s = {limit_s:g} s"
+                )
+            return _method(*args, **kwargs)
+
+        setattr(grid, name, checked)
+
+
+@contextlib.contextmanager
+def output_to(log: TextIO) -> Iterator[None]:
+    """Send this process's output and Flower's log to ``log`` while a run lasts."""
+    from flwr.common.logger import FLOWER_LOGGER
+
+    handlers = [
+        h for h in FLOWER_LOGGER.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    # Flower's console handler: a file wants times and no colour codes.
+    styles = [(getattr(h, "timestamps", None), getattr(h, "colored", None)) for h in handlers]
+    streams = [h.setStream(log) for h in handlers]
+    for handler in handlers:
+        if hasattr(handler, "timestamps"):
+            handler.timestamps, handler.colored = True, False  # type: ignore[attr-defined]
+    try:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            yield
+    finally:
+        for handler, stream, (timestamps, colored) in zip(handlers, streams, styles, strict=True):
+            if stream is not None:
+                handler.setStream(stream)
+            if timestamps is not None:
+                handler.timestamps, handler.colored = timestamps, colored  # type: ignore[attr-defined]
+
+
+def _error_text(error: BaseException) -> str:
+    """The error and its causes, one ``Type: message`` each, outermost first."""
+    parts, seen = [], set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__
+    return " <- ".join(parts)
+
+
+def simulate(
+    settings: Mapping[str, Any], federation: Mapping[str, Any], timeout_s: float | None
+) -> Path:
+    """Run one simulated federation with run config ``settings``; its results folder.
+
+    Raises whatever ended the run: the ServerApp's own error (a configuration it
+    cannot run, a failed round), or :class:`RunTimeoutError`.
+    """
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from fl_clusters.client_app import build_client_app
+    from fl_clusters.config import parse_run_config
+    from fl_clusters.errors import report_configuration_errors_in_one_line
+    from fl_clusters.server_app import run_federation
+
+    deadline = time.monotonic() + (timeout_s or 0.0)
+    folders: list[Path] = []
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        report_configuration_errors_in_one_line()
+        parsed = parse_run_config({**context.run_config, **settings})
+        if timeout_s is not None:
+            stop_at_deadline(grid, deadline, timeout_s)
+        folders.append(run_federation(grid, parsed))
+
+    run_simulation(
+        server_app=server_app,
+        client_app=build_client_app(settings),
+        num_supernodes=int(federation["num-supernodes"]),
+        backend_config={"client_resources": {
+            "num_cpus": federation["client-resources-num-cpus"],
+            "num_gpus": federation["client-resources-num-gpus"],
+        }},
+    )
+    if not folders:
+        raise RuntimeError("the simulation ended without the ServerApp's results folder")
+    return folders[0]
+
+
+def run_cell(
+    cell: Cell, sweep: Sweep, folder: Path, ray_node_id: str, commit: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Run one cell and return its ``runs.jsonl`` line (status ``ok`` or ``failed``).
+
+    The run's output goes to ``logs/KEY.log``; its results folder lies under
+    ``runs/KEY/``. Any exception of the run is recorded, never raised; an
+    interrupt (Ctrl-C, a kill) still stops the sweep.
+    """
+    results_dir = folder / RUNS_FOLDER / cell.key
+    # A folder without a line is what a killed run left: start that run afresh.
+    shutil.rmtree(results_dir, ignore_errors=True)
+    log_path = folder / LOGS_FOLDER / f"{cell.key}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    settings = {**cell.settings, "results-dir": str(results_dir)}
+    line: dict[str, Any] = {
+        "key": cell.key,
+        "cell": cell.labels,
+        "run_config": cell.run_config,
+        "federation": sweep.federation,
+        "started": utc_now(),
+    }
+    start = time.monotonic()
+    with log_path.open("w") as log, output_to(log):
+        try:
+            results = simulate(settings, sweep.federation, sweep.run_timeout_s)
+        except Exception as error:
+            traceback.print_exc(file=log)
+            line.update(status="failed", error=_error_text(error), summary=None,
+                        results_folder=None)
+        else:
+            summary = json.loads((results / "summary.json").read_text())
+            line.update(
+                status="ok", error=None,
+                summary={name: summary.get(name) for name in SUMMARY_FIELDS},
+                results_folder=str(results.relative_to(folder)),
+            )
+    line["seconds"] = round(time.monotonic() - start, 3)
+    line.update(
+        log=str(log_path.relative_to(folder)), settings=cell.settings,
+        git_commit=commit["commit"], git_dirty=commit["dirty"], ray_node_id=ray_node_id,
+    )
+    return line
+
+
+def _progress_line(line: Mapping[str, Any], cell: Cell) -> str:
+    """The line printed above the bar when a run ends (rich markup, values escaped)."""
+    from rich.markup import escape
+
+    name = escape(cell.name)
+    if line["status"] != "ok":
+        return f"[red]failed[/red] {name} ({line['seconds']:.0f} s): {escape(line['error'])}"
+    summary = line["summary"]
+    return (
+        f"ok {name}: ARI {summary['ari']:.3f}, accuracy "
+        f"{summary['personalized_accuracy']:.4f}, {summary['num_clusters_found']} clusters "
+        f"({line['seconds']:.0f} s)"
+    )
+
+
+def pending_cells(sweep: Sweep, runs: list[dict[str, Any]], retry_failed: bool) -> list[Cell]:
+    """The cells without a recorded run (with ``retry_failed``, also those that failed)."""
+    latest = {line["key"]: line for line in runs}
+    return [
+        cell for cell in sweep.cells
+        if cell.key not in latest or (retry_failed and latest[cell.key]["status"] != "ok")
+    ]
+
+
+def check_resources(sweep: Sweep, resources: Mapping[str, float]) -> None:
+    """Refuse a federation whose clients ask for more than this machine's Ray has."""
+    from fl_clusters.sweep.spec import SweepFileError
+
+    for key, resource in (("client-resources-num-cpus", "CPU"),
+                          ("client-resources-num-gpus", "GPU")):
+        wanted = float(sweep.federation[key])
+        if wanted > resources.get(resource, 0.0):
+            raise SweepFileError(
+                f"{sweep.path}: [federation] {key} = {wanted:g}, but Ray sees "
+                f"{resources.get(resource, 0.0):g} {resource}(s) here; lower it"
+            )
+
+
+def run_sweep(
+    sweep: Sweep,
+    out: Path | None = None,
+    retry_failed: bool = False,
+    command: list[str] | None = None,
+    console: Any = None,
+) -> Path:
+    """Run every cell of ``sweep`` not recorded yet, then write the table and plots.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The checked sweep (:func:`fl_clusters.sweep.spec.load_sweep`).
+    out : Path | None
+        The sweep's folder; ``results/sweeps/NAME`` by default.
+    retry_failed : bool
+        Run cells whose recorded run failed again.
+    command : list[str] | None
+        The command line, for the manifest (``sys.argv`` by default).
+    console : rich.console.Console | None
+        Where the progress bar and one line per run go (standard error by default).
+
+    Returns
+    -------
+    Path
+        The sweep's folder.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from fl_clusters.sweep.report import write_report
+
+    folder = sweep_folder(sweep, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    runs_path = folder / RUNS_FILE
+    runs = read_runs(runs_path)
+    todo = pending_cells(sweep, runs, retry_failed)
+    console = console or Console(file=sys.stderr)
+    (folder / SWEEP_COPY).write_text(sweep.text)
+    append_session(
+        folder / MANIFEST_FILE, sweep.name,
+        session_entry(command if command is not None else sys.argv, sweep.path,
+                      hashlib.sha256(sweep.text.encode()).hexdigest()),
+    )
+    console.print(
+        f"sweep {sweep.name}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} "
+        f"recorded, {len(todo)} to run; results in {folder}", markup=False, soft_wrap=True
+    )
+    if todo:
+        commit = git_state()
+        columns = (
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+        )
+        with RaySession() as ray_session, Progress(*columns, console=console) as progress:
+            check_resources(sweep, ray_session.resources)
+            task = progress.add_task(sweep.name, total=len(todo))
+            for cell in todo:
+                progress.update(task, description=cell.name)
+                line = run_cell(cell, sweep, folder, ray_session.node_id, commit)
+                append_run(runs_path, line)
+                runs.append(line)
+                progress.console.print(_progress_line(line, cell), soft_wrap=True)
+                progress.advance(task)
+                write_report(sweep, runs, folder, plots=False)
+    write_report(sweep, runs, folder, plots=True)
+    console.print(f"table: {folder / 'table.md'}", markup=False)
+    return folder

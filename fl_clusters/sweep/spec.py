@@ -1,0 +1,450 @@
+"""A sweep file: read it, check every part, and expand its grid into cells.
+
+A sweep file (TOML) names run-config keys every run shares (``[base]``), axes
+whose combinations are the cells (``[grid]``), the federation every cell runs on
+(``[federation]``), an optional baseline the report pairs the other cells against
+seed by seed, and cells to leave out (``exclude``). docs/sweeps.md describes the
+format. Everything is checked here, before any run starts, and every cell's run
+config goes through :func:`fl_clusters.config.parse_run_config`, so a typo fails
+in a second instead of after hours of runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_clusters.config import KEYS_BY_NAME, parse_run_config
+from fl_clusters.errors import ConfigurationError
+
+TOP_LEVEL_KEYS = (
+    "name", "description", "base", "grid", "baseline", "exclude", "federation", "run-timeout-s",
+)
+FEDERATION_DEFAULTS: dict[str, int | float] = {
+    "num-supernodes": 20,
+    "client-resources-num-cpus": 1,
+    "client-resources-num-gpus": 0.0,
+}
+# The sweep decides where each run writes; a file that sets it would scatter runs.
+RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
+SEED_AXIS = "seed"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+SCALAR_TYPES = (bool, int, float, str)
+
+
+class SweepFileError(ValueError):
+    """A sweep file that cannot run; the message names the file, the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis: its values, each a label and the run-config keys it sets.
+
+    Parameters
+    ----------
+    name : str
+        The axis name: a run-config key for a list axis, any name for a table of
+        named variants.
+    values : tuple[tuple[str, dict[str, Any]], ...]
+        ``(label, run-config keys)`` per value, in the file's order.
+    """
+
+    name: str
+    values: tuple[tuple[str, dict[str, Any]], ...]
+
+    @property
+    def labels(self) -> list[str]:
+        """The values' labels, in order."""
+        return [label for label, _ in self.values]
+
+    @property
+    def keys(self) -> set[str]:
+        """Every run-config key some value of this axis sets."""
+        return {key for _, settings in self.values for key in settings}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the sweep.
+
+    Parameters
+    ----------
+    labels : dict[str, str]
+        Axis name -> the label of this cell's value, in axis order.
+    run_config : dict[str, Any]
+        The run-config keys the sweep sets (base, then every axis' value); the
+        run's own defaults fill the rest.
+    settings : dict[str, Any]
+        The full, validated run config (:func:`parse_run_config`), without
+        ``results-dir``.
+    key : str
+        Hash of ``settings`` and the federation: equal keys, equal runs.
+    """
+
+    labels: dict[str, str]
+    run_config: dict[str, Any]
+    settings: dict[str, Any]
+    key: str
+
+    @property
+    def name(self) -> str:
+        """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
+        return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked sweep file and its cells.
+
+    Parameters
+    ----------
+    name : str
+        The results folder's name (``results/sweeps/NAME``).
+    path : Path
+        The sweep file.
+    axes : tuple[Axis, ...]
+        The grid axes, in the file's order.
+    federation : dict[str, int | float]
+        ``num-supernodes``, ``client-resources-num-cpus``, ``client-resources-num-gpus``.
+    cells : tuple[Cell, ...]
+        Every cell not excluded, in grid order (the last axis varies fastest).
+    baseline_axis : str | None
+        The axis the baseline is a value of.
+    baselines : tuple[str, ...]
+        The baseline labels on that axis.
+    run_timeout_s : float | None
+        Seconds a run may take before it is stopped and recorded failed.
+    description : str
+        Free text from the file.
+    """
+
+    name: str
+    path: Path
+    axes: tuple[Axis, ...]
+    federation: dict[str, int | float]
+    cells: tuple[Cell, ...]
+    baseline_axis: str | None = None
+    baselines: tuple[str, ...] = ()
+    run_timeout_s: float | None = None
+    description: str = ""
+    text: str = field(default="", repr=False)
+
+    @property
+    def group_axes(self) -> list[str]:
+        """Axes that tell cells apart once the seed is left out."""
+        return [axis.name for axis in self.axes if axis.name != SEED_AXIS]
+
+
+def _suggest(name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_run_config_keys(where: str, keys: Any) -> None:
+    for key in keys:
+        if key in RESERVED_RUN_CONFIG_KEYS:
+            raise SweepFileError(
+                f"{where}: run-config key {key!r} is set by the sweep (every run writes "
+                "under results/sweeps/NAME/runs/); remove it"
+            )
+        if key not in KEYS_BY_NAME:
+            raise SweepFileError(
+                f"{where}: unknown run-config key {key!r}{_suggest(key, KEYS_BY_NAME)}; "
+                "every key is listed in docs/config.md"
+            )
+
+
+def _scalar(where: str, value: Any) -> Any:
+    if not isinstance(value, SCALAR_TYPES):
+        raise SweepFileError(
+            f"{where}: {value!r} is not a single value (a string, number or boolean)"
+        )
+    return value
+
+
+def _label(value: Any) -> str:
+    """How a list axis value reads in cell names, tables and plots."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _parse_axis(name: str, value: Any) -> Axis:
+    where = f"[grid] key {name!r}"
+    if isinstance(value, list):
+        if not value:
+            raise SweepFileError(f"{where} is an empty list; give it at least one value")
+        _check_run_config_keys("[grid]", [name])
+        labels = [_label(_scalar(f"{where}, item {i}", item)) for i, item in enumerate(value)]
+        if len(set(labels)) != len(labels):
+            raise SweepFileError(f"{where} lists a value twice: {value!r}")
+        return Axis(name, tuple((label, {name: item})
+                                for label, item in zip(labels, value, strict=True)))
+    if isinstance(value, dict):
+        if not value:
+            raise SweepFileError(f"[grid.{name}] has no variants; give it at least one")
+        variants = []
+        for label, settings in value.items():
+            if not isinstance(settings, dict):
+                raise SweepFileError(
+                    f"[grid.{name}] variant {label!r} must be a table of run-config keys, "
+                    f"e.g. {label} = {{strategy = \"fedavg\"}}; got {settings!r}"
+                )
+            _check_run_config_keys(f"[grid.{name}] variant {label!r}", settings)
+            for key, item in settings.items():
+                _scalar(f"[grid.{name}] variant {label!r} key {key!r}", item)
+            variants.append((label, dict(settings)))
+        if name == SEED_AXIS:
+            raise SweepFileError(
+                "[grid] key 'seed' must be a list of seeds (the report pairs runs by seed), "
+                "e.g. seed = [0, 1, 2]"
+            )
+        return Axis(name, tuple(variants))
+    variants = "" if name == SEED_AXIS else f", or a table of named variants ([grid.{name}])"
+    raise SweepFileError(
+        f"{where} must be a list of values, e.g. {name} = [{_label(value)}]{variants}; "
+        f"got {value!r}"
+    )
+
+
+def _parse_axes(grid: Any) -> tuple[Axis, ...]:
+    if not isinstance(grid, dict) or not grid:
+        raise SweepFileError(
+            "[grid] is missing or empty; give it at least one list, e.g. seed = [0]"
+        )
+    axes = tuple(_parse_axis(name, value) for name, value in grid.items())
+    for first, second in itertools.combinations(axes, 2):
+        shared = sorted(first.keys & second.keys)
+        if shared:
+            raise SweepFileError(
+                f"[grid]: run-config key {shared[0]!r} is set by both axes {first.name!r} and "
+                f"{second.name!r}; set it on one axis only"
+            )
+    return axes
+
+
+def _parse_federation(table: Any) -> dict[str, int | float]:
+    if not isinstance(table, dict):
+        raise SweepFileError(f"[federation] must be a table; got {table!r}")
+    federation = dict(FEDERATION_DEFAULTS)
+    for key, value in table.items():
+        if key not in FEDERATION_DEFAULTS:
+            raise SweepFileError(
+                f"[federation]: unknown key {key!r}{_suggest(key, FEDERATION_DEFAULTS)}; "
+                f"allowed: {', '.join(FEDERATION_DEFAULTS)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise SweepFileError(f"[federation] key {key!r} must be a number >= 0; got {value!r}")
+        federation[key] = value
+    if int(federation["num-supernodes"]) != federation["num-supernodes"] or \
+            federation["num-supernodes"] < 1:
+        raise SweepFileError("[federation] key 'num-supernodes' must be a whole number >= 1")
+    if federation["client-resources-num-cpus"] <= 0:
+        raise SweepFileError("[federation] key 'client-resources-num-cpus' must be > 0")
+    federation["num-supernodes"] = int(federation["num-supernodes"])
+    return federation
+
+
+def _values_on(axis: Axis, where: str, value: Any) -> list[str]:
+    """The labels ``value`` (one label or a list of them) names on ``axis``."""
+    wanted = value if isinstance(value, list) else [value]
+    if not wanted:
+        raise SweepFileError(f"{where}: empty list for axis {axis.name!r}")
+    labels = []
+    for item in wanted:
+        label = _label(_scalar(where, item))
+        if label not in axis.labels:
+            raise SweepFileError(
+                f"{where}: {item!r} is not a value of [grid] {axis.name!r} "
+                f"({', '.join(axis.labels)}); add it to the grid or fix the name"
+            )
+        labels.append(label)
+    return labels
+
+
+def _parse_baseline(value: Any, axes: tuple[Axis, ...]) -> tuple[str | None, tuple[str, ...]]:
+    if value is None:
+        return None, ()
+    by_name = {axis.name: axis for axis in axes}
+    if not isinstance(value, dict) or len(value) != 1:
+        raise SweepFileError(
+            "baseline must name one grid axis and its baseline value(s), e.g. "
+            f"baseline = {{strategy = \"fedavg\"}}; got {value!r}"
+        )
+    (name, wanted), = value.items()
+    if name == SEED_AXIS:
+        raise SweepFileError("baseline: runs are paired by seed; the baseline axis cannot be "
+                             "'seed' (e.g. baseline = {strategy = \"fedavg\"})")
+    if name not in by_name:
+        raise SweepFileError(
+            f"baseline: {name!r} is not a [grid] axis{_suggest(name, by_name)}; the baseline "
+            f"is a value of one of: {', '.join(by_name)}"
+        )
+    labels = _values_on(by_name[name], "baseline", wanted)
+    if len(labels) == len(by_name[name].values):
+        raise SweepFileError(
+            f"baseline: every value of axis {name!r} is a baseline; leave at least one to "
+            "compare"
+        )
+    return name, tuple(labels)
+
+
+def _parse_exclude(value: Any, axes: tuple[Axis, ...]) -> list[dict[str, set[str]]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(rule, dict) for rule in value):
+        raise SweepFileError(
+            "exclude must be a list of tables, e.g. exclude = [{strategy = \"fedsoft\", "
+            f"cluster-structure = [\"rotation\", \"none\"]}}]; got {value!r}"
+        )
+    by_name = {axis.name: axis for axis in axes}
+    rules = []
+    for i, rule in enumerate(value):
+        if not rule:
+            raise SweepFileError(f"exclude, item {i}: empty table would leave out every cell")
+        parsed = {}
+        for name, wanted in rule.items():
+            if name not in by_name:
+                raise SweepFileError(
+                    f"exclude, item {i}: {name!r} is not a [grid] axis{_suggest(name, by_name)}"
+                )
+            parsed[name] = set(_values_on(by_name[name], f"exclude, item {i}", wanted))
+        rules.append(parsed)
+    return rules
+
+
+def cell_key(settings: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
+    """The key of a run: a hash of its full run config and its federation.
+
+    Two cells with the same key would repeat the same run; a resumed sweep skips a
+    cell whose key it has recorded. The results folder is not part of a run's config.
+    """
+    content = {
+        "run_config": {k: v for k, v in settings.items() if k not in RESERVED_RUN_CONFIG_KEYS},
+        "federation": dict(federation),
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _expand(
+    base: dict[str, Any], axes: tuple[Axis, ...], federation: dict[str, int | float],
+    excluded: list[dict[str, set[str]]],
+) -> tuple[Cell, ...]:
+    cells: list[Cell] = []
+    by_key: dict[str, Cell] = {}
+    for combination in itertools.product(*(axis.values for axis in axes)):
+        labels = {axis.name: label for axis, (label, _) in zip(axes, combination, strict=True)}
+        if any(all(labels[name] in wanted for name, wanted in rule.items())
+               for rule in excluded):
+            continue
+        run_config = dict(base)
+        for _, settings in combination:
+            run_config.update(settings)
+        # Every run waits for the whole federation before round 1, unless the file says.
+        run_config.setdefault("min-nodes", federation["num-supernodes"])
+        name = ",".join(f"{axis}={label}" for axis, label in labels.items())
+        try:
+            settings = parse_run_config(run_config)
+        except ConfigurationError as err:
+            # The run's own message ends with where a flwr run sets keys.
+            problem = str(err).split(" Fix it in [tool.flwr.app.config]")[0]
+            raise SweepFileError(
+                f"cell {name}: {problem} Fix it in [base], [grid] or exclude the cell."
+            ) from err
+        settings.pop("results-dir")
+        cell = Cell(labels, run_config, settings, cell_key(settings, federation))
+        if cell.key in by_key:
+            raise SweepFileError(
+                f"cells {by_key[cell.key].name} and {name} have the same run config; give "
+                "the axes values that differ, or exclude one"
+            )
+        by_key[cell.key] = cell
+        cells.append(cell)
+    if not cells:
+        raise SweepFileError("exclude leaves out every cell of the grid")
+    return tuple(cells)
+
+
+def parse_sweep(text: str, path: Path) -> Sweep:
+    """Check a sweep file's content and expand its grid.
+
+    Parameters
+    ----------
+    text : str
+        The file's TOML.
+    path : Path
+        Where it was read from; its stem is the sweep's name when ``name`` is absent.
+
+    Returns
+    -------
+    Sweep
+        The sweep with every cell's validated run config.
+
+    Raises
+    ------
+    SweepFileError
+        For anything the sweep cannot run: the message starts with the file and
+        names the key and the fix.
+    """
+    try:
+        try:
+            document = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise SweepFileError(f"not valid TOML: {err}") from err
+        unknown = [key for key in document if key not in TOP_LEVEL_KEYS]
+        if unknown:
+            raise SweepFileError(
+                f"unknown top-level key {unknown[0]!r}{_suggest(unknown[0], TOP_LEVEL_KEYS)}; "
+                f"allowed: {', '.join(TOP_LEVEL_KEYS)}"
+            )
+        name = document.get("name", path.stem)
+        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+            raise SweepFileError(
+                f"name {name!r} must be a folder name: letters, digits, '.', '_', '-'"
+            )
+        base = document.get("base", {})
+        if not isinstance(base, dict):
+            raise SweepFileError(f"[base] must be a table of run-config keys; got {base!r}")
+        _check_run_config_keys("[base]", base)
+        for key, value in base.items():
+            _scalar(f"[base] key {key!r}", value)
+        axes = _parse_axes(document.get("grid"))
+        federation = _parse_federation(document.get("federation", {}))
+        baseline_axis, baselines = _parse_baseline(document.get("baseline"), axes)
+        excluded = _parse_exclude(document.get("exclude"), axes)
+        timeout = document.get("run-timeout-s")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise SweepFileError(
+                f"run-timeout-s must be a number of seconds > 0; got {timeout!r}"
+            )
+        description = document.get("description", "")
+        if not isinstance(description, str):
+            raise SweepFileError(f"description must be a string; got {description!r}")
+        cells = _expand(base, axes, federation, excluded)
+    except SweepFileError as err:
+        raise SweepFileError(f"{path}: {err}") from err.__cause__
+    return Sweep(
+        name=name, path=path, axes=axes, federation=federation, cells=cells,
+        baseline_axis=baseline_axis, baselines=baselines,
+        run_timeout_s=None if timeout is None else float(timeout),
+        description=description, text=text,
+    )
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check the sweep file at ``path`` (:func:`parse_sweep`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SweepFileError(f"{path}: cannot read the sweep file: {err.strerror}") from err
+    return parse_sweep(text, path)

@@ -1,0 +1,308 @@
+"""Sweeps: file checks, cell keys, the table's paired differences, and real sweeps that
+run, fail a cell, time out, and resume after being killed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from fl_clusters.sweep import SweepFileError, load_sweep, parse_sweep, run_sweep
+from fl_clusters.sweep.cli import sweep_main
+from fl_clusters.sweep.report import table_rows, write_report
+from fl_clusters.sweep.runner import append_run, read_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Digits, 4 clients in 2 rotation groups, 2 short rounds: the smallest real runs.
+TINY_BASE = """
+[base]
+dataset = "digits"
+num-rounds = 2
+num-clusters = 2
+ifca-init-steps = 5
+plots = false
+[federation]
+num-supernodes = 4
+"""
+
+
+def parse(text: str):  # type: ignore[no-untyped-def]
+    return parse_sweep(text, Path("sweep.toml"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[grids]\nseed = [0]', "unknown top-level key 'grids' (did you mean 'grid'?)"),
+        ('[base]\nnum-round = 3\n[grid]\nseed = [0]',
+         "[base]: unknown run-config key 'num-round' (did you mean 'num-rounds'?)"),
+        ('[grid]\nstrategi = ["ifca"]', "unknown run-config key 'strategi'"),
+        ('[grid]\nseed = 3', "[grid] key 'seed' must be a list of values, e.g. seed = [3]"),
+        ('[grid]\nstrategy = "ifca"', "[grid] key 'strategy' must be a list of values"),
+        ("name = 'x'", "[grid] is missing or empty"),
+        ("[grid]", "[grid] is missing or empty"),
+        ("[grid]\nseed = []", "[grid] key 'seed' is an empty list"),
+        ('baseline = {strategy = "fedavg"}\n[grid]\nseed = [0, 1]',
+         "baseline: 'strategy' is not a [grid] axis"),
+        ('baseline = {strategy = "fedprox"}\n[grid]\nstrategy = ["ifca", "fedavg"]',
+         "baseline: 'fedprox' is not a value of [grid] 'strategy' (ifca, fedavg)"),
+        ('baseline = {seed = 0}\n[grid]\nseed = [0, 1]', "the baseline axis cannot be 'seed'"),
+        ('baseline = "fedavg"\n[grid]\nstrategy = ["ifca", "fedavg"]',
+         "baseline must name one grid axis"),
+        ('[grid]\nstrategy = ["ifca", "fedavgg"]',
+         "cell strategy=fedavgg: run-config key 'strategy' has invalid value 'fedavgg'"),
+        ('[base]\nresults-dir = "x"\n[grid]\nseed = [0]',
+         "run-config key 'results-dir' is set by the sweep"),
+        ('[grid]\nseed = [0]\n[federation]\nnum-nodes = 4',
+         "[federation]: unknown key 'num-nodes'"),
+        ('[grid]\nlr = [0.1]\n[grid.opt]\nfast = {lr = 0.5}',
+         "run-config key 'lr' is set by both axes 'lr' and 'opt'"),
+        ('[grid.opt]\ndefault = {}\nsame = {lr = 0.1}',
+         "cells opt=default and opt=same have the same run config"),
+        ('exclude = [{model = "cnn"}]\n[grid]\nseed = [0]',
+         "exclude, item 0: 'model' is not a [grid] axis"),
+        ('run-timeout-s = 0\n[grid]\nseed = [0]', "run-timeout-s must be a number of seconds > 0"),
+    ],
+)
+def test_a_bad_sweep_file_names_the_key_and_the_fix(text: str, message: str) -> None:
+    with pytest.raises(SweepFileError) as error:
+        parse(text)
+    assert str(error.value).startswith("sweep.toml: ")
+    assert message in str(error.value)
+
+
+def test_a_bad_file_stops_the_command_before_anything_runs(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[grid]\nstrategy = ["ifca", "cfl"]\nseed = [0, 1]\nlr = [0.1, -1.0]\n')
+    out = tmp_path / "out"
+    assert sweep_main([str(path), "--out", str(out)]) == 2
+    assert not out.exists()
+
+
+def test_the_grid_expands_with_variants_and_exclusions() -> None:
+    sweep = parse("""
+        exclude = [{strategy = "fedsoft", structure = "rotation"},
+                   {strategy = "ifca", structure = ["mixture"]}]
+        [base]
+        num-rounds = 3
+        [grid]
+        strategy = ["ifca", "fedsoft", "fedavg"]
+        seed = [0, 1]
+        [grid.structure]
+        rotation = {cluster-structure = "rotation", num-clusters = 4}
+        mixture = {cluster-structure = "rotation-mixture", num-clusters = 2}
+        [federation]
+        num-supernodes = 8
+    """)
+    names = [cell.name for cell in sweep.cells]
+    assert len(names) == 3 * 2 * 2 - 2 * 2
+    assert "strategy=fedsoft,seed=0,structure=mixture" in names
+    assert not any("fedsoft" in n and "rotation" in n for n in names)
+    mixture = next(c for c in sweep.cells if c.name == "strategy=fedavg,seed=1,structure=mixture")
+    assert mixture.settings["cluster-structure"] == "rotation-mixture"
+    assert mixture.settings["num-clusters"] == 2
+    assert mixture.settings["num-rounds"] == 3
+    assert mixture.settings["seed"] == 1
+    # Every run waits for the whole federation unless the file says otherwise.
+    assert mixture.settings["min-nodes"] == 8
+    assert len({cell.key for cell in sweep.cells}) == len(sweep.cells)
+
+
+def test_a_cell_key_is_its_full_config() -> None:
+    """Writing a default out, or in another order, keeps a cell's key; any change moves it."""
+    plain = parse('[grid]\nstrategy = ["ifca"]\nseed = [0]').cells[0]
+    spelled = parse('[base]\nlr = 0.1\n[grid]\nseed = [0]\nstrategy = ["ifca"]').cells[0]
+    other_lr = parse('[base]\nlr = 0.05\n[grid]\nstrategy = ["ifca"]\nseed = [0]').cells[0]
+    more_nodes = parse(
+        '[grid]\nstrategy = ["ifca"]\nseed = [0]\n[federation]\nnum-supernodes = 10'
+    ).cells[0]
+    assert plain.key == spelled.key
+    assert len({plain.key, other_lr.key, more_nodes.key}) == 3
+
+
+def _line(cell, status: str, accuracy: float, ari: float) -> dict:  # type: ignore[no-untyped-def]
+    summary = {"personalized_accuracy": accuracy, "ari": ari, "nmi": ari,
+               "num_clusters_found": 2, "rounds_to_target": None, "bytes_sent": 10,
+               "bytes_received": 5, "wall_time_s": 1.0}
+    return {"key": cell.key, "cell": cell.labels, "status": status, "seconds": 2.0,
+            "summary": summary if status == "ok" else None,
+            "error": None if status == "ok" else "RuntimeError: boom"}
+
+
+def test_the_table_pairs_each_seed_with_the_baseline_of_the_same_seed(tmp_path: Path) -> None:
+    sweep = parse('baseline = {strategy = "fedavg"}\n'
+                  '[grid]\nstrategy = ["ifca", "fedavg"]\nseed = [0, 1, 2]')
+    cell = {c.name: c for c in sweep.cells}
+    accuracy = {("ifca", 0): 0.9, ("ifca", 1): 0.8, ("ifca", 2): 0.7,
+                ("fedavg", 0): 0.5, ("fedavg", 1): 0.7, ("fedavg", 2): 0.1}
+    runs = [
+        _line(cell[f"strategy={s},seed={seed}"], "ok", acc, 1.0 if s == "ifca" else 0.0)
+        for (s, seed), acc in accuracy.items()
+    ]
+    # Seed 2 of the baseline failed: seed 2 has no pair, and its failure is counted.
+    runs[-1] = _line(cell["strategy=fedavg,seed=2"], "failed", 0.0, 0.0)
+    rows = {row["strategy"]: row for row in table_rows(sweep, runs)}
+    ifca, fedavg = rows["ifca"], rows["fedavg"]
+    assert ifca["personalized_accuracy_mean"] == pytest.approx(0.8)
+    assert ifca["personalized_accuracy_std"] == pytest.approx(0.1)
+    assert ifca["personalized_accuracy_minus_fedavg_n"] == 2
+    assert ifca["personalized_accuracy_minus_fedavg_mean"] == pytest.approx((0.4 + 0.1) / 2)
+    assert ifca["ari_minus_fedavg_mean"] == pytest.approx(1.0)
+    assert fedavg["runs_ok"] == 2 and fedavg["runs_failed"] == 1
+    assert "personalized_accuracy_minus_fedavg_n" not in fedavg
+    written = write_report(sweep, runs, tmp_path)
+    assert {p.name for p in written} == {
+        "table.csv", "table.md", "accuracy.png", "ari.png", "paired-difference.png"
+    }
+    assert "| ifca | 0,1,2 | 0.8000 ± 0.1000 |" in (tmp_path / "table.md").read_text()
+    assert "+0.2500 ± 0.2121 (2)" in (tmp_path / "table.md").read_text()
+
+
+def test_a_line_cut_off_by_a_kill_is_dropped_and_the_next_starts_clean(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    append_run(path, {"key": "a", "status": "ok"})
+    with path.open("a") as out:
+        out.write('{"key": "b", "sta')
+    assert read_runs(path) == [{"key": "a", "status": "ok"}]
+    append_run(path, {"key": "c", "status": "ok"})
+    assert [line["key"] for line in read_runs(path)] == ["a", "c"]
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "tiny.toml"
+    # "broken": IFCA with more cluster models than nodes stops before round 1.
+    path.write_text('baseline = {strategy = "fedavg"}\n' + TINY_BASE + textwrap.dedent("""
+        [grid]
+        seed = [0, 1]
+        [grid.strategy]
+        ifca = {strategy = "ifca"}
+        fedavg = {strategy = "fedavg"}
+        broken = {strategy = "ifca", num-clusters = 6}
+    """))
+    sweep = load_sweep(path)
+    folder = run_sweep(sweep, tmp_path / "out", command=["test"],
+                       console=Console(file=io.StringIO()))
+    lines = read_runs(folder / "runs.jsonl")
+    assert sorted(line["key"] for line in lines) == sorted(cell.key for cell in sweep.cells)
+    by_name = {",".join(f"{k}={v}" for k, v in line["cell"].items()): line for line in lines}
+    for seed in (0, 1):
+        broken = by_name[f"seed={seed},strategy=broken"]
+        assert broken["status"] == "failed"
+        assert "ConfigurationError" in broken["error"] and broken["summary"] is None
+        for strategy in ("ifca", "fedavg"):
+            line = by_name[f"seed={seed},strategy={strategy}"]
+            assert line["status"] == "ok", line["error"]
+            summary = json.loads((folder / line["results_folder"] / "summary.json").read_text())
+            assert line["summary"]["personalized_accuracy"] == summary["personalized_accuracy"]
+            assert line["settings"]["seed"] == seed
+            assert line["git_commit"] is not None
+        ifca = by_name[f"seed={seed},strategy=ifca"]["summary"]
+        assert ifca["num_clusters_found"] == 2 and ifca["ari"] == 1.0
+    # One Ray session for every cell.
+    assert len({line["ray_node_id"] for line in lines}) == 1
+    rows = {row["strategy"]: row for row in table_rows(sweep, lines)}
+    expected = sum(
+        by_name[f"seed={s},strategy=ifca"]["summary"]["personalized_accuracy"]
+        - by_name[f"seed={s},strategy=fedavg"]["summary"]["personalized_accuracy"]
+        for s in (0, 1)
+    ) / 2
+    assert rows["ifca"]["personalized_accuracy_minus_fedavg_mean"] == pytest.approx(expected)
+    assert rows["broken"]["runs_failed"] == 2
+    for name in ("table.csv", "table.md", "accuracy.png", "ari.png", "paired-difference.png",
+                 "manifest.json", "sweep.toml"):
+        assert (folder / name).stat().st_size > 0, name
+    session = json.loads((folder / "manifest.json").read_text())["sessions"][0]
+    assert session["cores"] == os.cpu_count() and session["command"] == ["test"]
+    assert {"flwr", "torch"} <= set(session["versions"])
+
+
+def test_a_run_past_its_timeout_is_recorded_failed(tmp_path: Path) -> None:
+    path = tmp_path / "timeout.toml"
+    path.write_text("run-timeout-s = 1\n" + TINY_BASE + '[grid]\nstrategy = ["fedavg"]\n')
+    folder = run_sweep(load_sweep(path), tmp_path / "out", console=Console(file=io.StringIO()))
+    (line,) = read_runs(folder / "runs.jsonl")
+    assert line["status"] == "failed"
+    assert "RunTimeoutError: the run took longer than run-timeout-s = 1 s" in line["error"]
+
+
+def _sweep_process(path: Path, out: Path) -> subprocess.Popen[str]:
+    # A session of its own: killing its group also kills the Ray processes it started.
+    return subprocess.Popen(
+        [sys.executable, "-m", "fl_clusters.sweep", str(path), "--out", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(tmp_path: Path) -> None:
+    path = tmp_path / "resume.toml"
+    path.write_text(TINY_BASE + '[grid]\nstrategy = ["ifca", "fedavg"]\nseed = [0, 1]\n')
+    out = tmp_path / "out"
+    runs = out / "runs.jsonl"
+    first = _sweep_process(path, out)
+    try:
+        deadline = time.monotonic() + 600
+        while not (runs.exists() and runs.read_text().count("\n") >= 1):
+            assert first.poll() is None, first.communicate()[0]
+            assert time.monotonic() < deadline, "no run finished within 10 minutes"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    before = runs.read_text().splitlines()
+    assert 1 <= len(before) < 4
+    second = _sweep_process(path, out)
+    output, _ = second.communicate(timeout=900)
+    assert second.returncode == 0, output
+    assert f"{len(before)} recorded, {4 - len(before)} to run" in output
+    after = runs.read_text().splitlines()
+    # The lines of the first session stay as they were; each cell has exactly one line.
+    assert after[: len(before)] == before
+    keys = [json.loads(line)["key"] for line in after]
+    assert sorted(keys) == sorted(cell.key for cell in load_sweep(path).cells)
+    assert all(json.loads(line)["status"] == "ok" for line in after)
+    # Only the finished runs' folders remain (the killed run's was removed).
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(keys)
+    assert len(json.loads((out / "manifest.json").read_text())["sessions"]) == 2
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml")),
+                         ids=lambda path: path.name)
+def test_every_benchmark_sweep_file_is_valid(path: Path) -> None:
+    sweep = load_sweep(path)
+    assert sweep.cells and sweep.federation["num-supernodes"] == 20
+
+
+def test_the_console_script_lists_cells_and_which_are_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tomllib
+
+    module, _, function = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "scripts"]["fl-clusters"].partition(":")
+    main = getattr(__import__(module, fromlist=[function]), function)
+    path = tmp_path / "s.toml"
+    path.write_text('[grid]\nstrategy = ["ifca", "fedavg"]\n')
+    done = load_sweep(path).cells[1]
+    out = tmp_path / "out"
+    out.mkdir()
+    append_run(out / "runs.jsonl", {"key": done.key, "status": "ok"})
+    assert main(["sweep", str(path), "--out", str(out), "--dry-run"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split() == [load_sweep(path).cells[0].key, "to", "run", "strategy=ifca"]
+    assert listed[1].split() == [done.key, "recorded", "strategy=fedavg"]
+    assert listed[2].startswith("2 cells, 1 to run")
