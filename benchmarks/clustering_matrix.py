@@ -36,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "measured" / "clustering_matrix.json"
 TABLE = ROOT / "docs" / "clustering-matrix.md"
+RECIPE_SECTION = "## Training recipe axis"
 
 # name -> run-config overrides. "unequal" is 4 rotation groups of 40/30/20/10 %.
 STRUCTURES: dict[str, dict[str, Any]] = {
@@ -190,8 +191,11 @@ def write_table(results: dict[str, Any]) -> None:
                   "others on 2 CPU cores): " + ", ".join(keys)]
     if errors:
         lines += ["", "Cells that raised (see clustering_matrix.json): " + ", ".join(errors)]
+    # benchmarks/recipe_matrix.py owns the file's last section: keep it.
+    kept = TABLE.read_text() if TABLE.exists() else ""
+    kept = kept[kept.index(RECIPE_SECTION):] if RECIPE_SECTION in kept else ""
     TABLE.parent.mkdir(parents=True, exist_ok=True)
-    TABLE.write_text("\n".join(lines) + "\n")
+    TABLE.write_text("\n".join(lines) + "\n" + (f"\n{kept}" if kept else ""))
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:

@@ -16,17 +16,36 @@ every client trains once more from the global model. On those updates:
 
 Results go to ``benchmarks/measured/flhc_wecfl_defaults.json``.
 
+``--copies``: the default cut on the same updates after w = 3 rounds with a copy
+of client 0's update added (exact, and with noise of 1e-6 x its norm) and with a
+close but distinct pair (client 0 plus noise of 2 % of the median
+nearest-neighbour distance), against the previous gap rule (the largest jump over
+every merge height, copies included), into ``benchmarks/measured/flhc_copies.json``.
+``--wecfl-runs SEED ...``: WeCFL Flower simulations (digits, 4 groups, 20
+clients, 6 rounds, defaults; ``--model``, ``--structure``: MLP, label
+permutations) and the clients each round's fresh k-means moved, appended to
+``benchmarks/measured/wecfl_reassigned.json``.
+
     PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py
+    PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py --copies
+    PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py --wecfl-runs 0 1
+    PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py --wecfl-runs 0 --model cnn \
+        --structure rotation
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import adjusted_rand_score
 from torch.utils.data import TensorDataset
 
@@ -36,9 +55,20 @@ from fl_clusters.data import DATASET_SHAPES, load_dataset
 from fl_clusters.data.partition import partition_dataset
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.sweep.provenance import git_state, utc_now
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "measured" / "flhc_wecfl_defaults.json"
+COPIES_OUT = ROOT / "benchmarks" / "measured" / "flhc_copies.json"
+WECFL_OUT = ROOT / "benchmarks" / "measured" / "wecfl_reassigned.json"
+COPY_CASES = [
+    ("digits", "mlp", "rotation"),
+    ("digits", "mlp", "label-permutation"),
+    ("digits", "mlp", "none"),
+    ("fashion-mnist", "mlp", "rotation"),
+    ("fashion-mnist", "mlp", "none"),
+]
+COPY_WARMUP = 3
 CLIENTS = 20
 ROUNDS = 5
 RATIOS = np.round(np.arange(1.0, 4.01, 0.05), 2)
@@ -55,8 +85,10 @@ CASES = [
 ]
 
 
-def client_updates(data: str, model: str, structure: str, seed: int = 0) -> dict[str, Any]:
-    """Updates of every client after w = 0..ROUNDS FedAvg rounds, with truth and sizes."""
+def client_updates(
+    data: str, model: str, structure: str, seed: int = 0, rounds: int = ROUNDS
+) -> dict[str, Any]:
+    """Updates of every client after w = 0..rounds FedAvg rounds, with truth and sizes."""
     torch.set_num_threads(1)
     clients = partition_dataset(
         load_dataset(data), CLIENTS, structure=structure,
@@ -75,7 +107,7 @@ def client_updates(data: str, model: str, structure: str, seed: int = 0) -> dict
     arrays = model_to_arrays(build_model(model, shape, classes, seed=seed))
     names = list(arrays.keys())
     updates = []
-    for w in range(ROUNDS + 1):
+    for w in range(rounds + 1):
         trained = [
             learner.train(arrays, lr=0.1, batch_size=32, steps=10, seed=w * 100_003 + i)[0]
             for i, learner in enumerate(learners)
@@ -123,8 +155,108 @@ def wecfl_figures(truth: np.ndarray, sizes: np.ndarray, updates: np.ndarray) -> 
             "ari_n_init_1_min": float(min(one))}
 
 
-def main() -> None:
-    """Measure every case and write the results file."""
+def previous_gap_clusters(updates: np.ndarray, min_gap: float = 1.6) -> int:
+    """Clusters of the gap cut before copies were collapsed: the largest jump over every
+    ward merge height, a jump from height 0 counting as infinite."""
+    tree = AgglomerativeClustering(n_clusters=1, compute_distances=True).fit(updates)
+    heights = np.sort(tree.distances_)
+    low, high = heights[:-1], heights[1:]
+    jumps = np.divide(high, low, out=np.full_like(high, np.inf), where=low > 0)
+    i = int(np.argmax(jumps))
+    if jumps[i] < min_gap:
+        return 1
+    cut = np.sqrt(low[i] * high[i]) if low[i] > 0 else high[i] / 2
+    return int(AgglomerativeClustering(n_clusters=None, distance_threshold=cut)
+               .fit(updates).n_clusters_)
+
+
+def copy_figures(truth: np.ndarray, updates: np.ndarray) -> dict[str, Any]:
+    """The default cut and the previous rule with a copy of client 0's update added."""
+    rng = np.random.default_rng(0)
+    source = updates[0]
+    noise = rng.normal(size=source.size) / np.sqrt(source.size)
+    nearest = UpdateHierarchy().fit(updates).nearest_distance_
+    added = {
+        "none": None,
+        "exact_copy": source,
+        "near_copy_1e-6": source + 1e-6 * np.linalg.norm(source) * noise,
+        "close_pair_0.02": source + 0.02 * nearest * noise,
+    }
+    row: dict[str, Any] = {}
+    for name, extra in added.items():
+        points = updates if extra is None else np.vstack([updates, extra])
+        default = UpdateHierarchy().fit(points)
+        row[name] = {
+            "clusters": default.num_clusters_,
+            "ari_of_the_20": float(adjusted_rand_score(truth, default.labels_[: len(truth)])),
+            "max_gap": default.max_gap_,
+            "distinct": default.num_distinct_,
+            "previous_rule_clusters": previous_gap_clusters(points),
+        }
+    return row
+
+
+def provenance(argv: list[str]) -> dict[str, Any]:
+    """Command, commit (and whether tracked files differed), date and cores of a run."""
+    return {"command": "PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py " + " ".join(argv),
+            **git_state(), "date": utc_now(), "cores": os.cpu_count()}
+
+
+def measure_copies(argv: list[str]) -> None:
+    """The copies study (``--copies``)."""
+    results: dict[str, Any] = {"provenance": provenance(argv), "warmup_rounds": COPY_WARMUP}
+    for data, model, structure in COPY_CASES:
+        case = client_updates(data, model, structure, rounds=COPY_WARMUP)
+        row = copy_figures(case["truth"], case["updates"][COPY_WARMUP].astype(np.float64))
+        results[f"{data}|{model}|{structure}"] = row
+        print(f"{data}|{model}|{structure}: {json.dumps(row)}", flush=True)
+    COPIES_OUT.write_text(json.dumps(results, indent=1))
+
+
+def wecfl_runs(seeds: list[int], argv: list[str], model: str, structure: str) -> None:
+    """WeCFL Flower simulations (``--wecfl-runs``): ARI and clients moved per round."""
+    from flwr.simulation import run_simulation
+
+    from fl_clusters.client_app import build_client_app
+    from fl_clusters.server_app import build_server_app
+
+    results = json.loads(WECFL_OUT.read_text()) if WECFL_OUT.exists() else {"runs": []}
+    source = provenance(argv)
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as folder:
+            settings = {"strategy": "wecfl", "cluster-structure": structure, "model": model,
+                        "num-clusters": 4, "num-rounds": 6, "seed": seed,
+                        "results-dir": folder, "min-nodes": CLIENTS}
+            run_simulation(
+                server_app=build_server_app(settings),
+                client_app=build_client_app(settings),
+                num_supernodes=CLIENTS,
+                backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+            )
+            summary = json.loads(next(Path(folder).glob("*/summary.json")).read_text())
+        row = {"model": model, "structure": structure, "seed": seed, **{k: summary.get(k) for k in (
+            "ari", "num_clusters_found", "reassigned_per_round", "personalized_accuracy")},
+            **source}
+        print(json.dumps(row), flush=True)
+        results["runs"].append(row)
+        WECFL_OUT.write_text(json.dumps(results, indent=1))
+
+
+def main(argv: list[str]) -> None:
+    """Measure every case and write the results file (or run one of the studies)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--copies", action="store_true")
+    parser.add_argument("--wecfl-runs", nargs="*", type=int)
+    parser.add_argument("--model", default="mlp", help="--wecfl-runs: the model")
+    parser.add_argument("--structure", default="label-permutation",
+                        help="--wecfl-runs: the cluster structure")
+    args = parser.parse_args(argv)
+    if args.copies:
+        measure_copies(argv)
+        return
+    if args.wecfl_runs:
+        wecfl_runs(args.wecfl_runs, argv, args.model, args.structure)
+        return
     results: dict[str, Any] = {}
     for data, model, structure in CASES:
         case = client_updates(data, model, structure)
@@ -142,4 +274,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

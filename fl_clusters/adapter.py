@@ -8,7 +8,9 @@ untouched), calls it, and adds what the protocol needs to the reply. It also
 registers the queries clustered strategies send (report, cluster_losses,
 sample_assignment, features), scored with the user's model and data loaders.
 FedEM's tasks are the exception: its M-step weighs every training sample, which a
-FedAvg-style handler cannot do, so fl-clusters' own learner trains them.
+FedAvg-style handler cannot do, so fl-clusters' own learner trains them; ACFL's
+trial evaluations are scored here too, on the user's validation loader, since the
+user's evaluate handler reads its test data whatever the server asks.
 docs/plugin.md shows the change against Flower's quickstart-pytorch.
 """
 
@@ -22,7 +24,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.client_app import DEFAULT_ACTION
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
@@ -33,6 +37,7 @@ from fl_clusters.client_app import (
     _choose_cluster,
     _cluster_losses,
     _config,
+    _evaluate,
     _features,
     _identity,
     _kept_state,
@@ -46,15 +51,26 @@ from fl_clusters.client_app import (
     proximal_centers,
 )
 from fl_clusters.learner import TorchLearner
+from fl_clusters.placement import PLACEMENT, placement_report, record_training
 
 Handler = Callable[[Message, Context], Message]
-Loaders = tuple[Iterable[Any], Iterable[Any]]
+# (train, test) or (train, validation, test): ACFL's trials score the validation one.
+Loaders = tuple[Iterable[Any], Iterable[Any]] | tuple[Iterable[Any], Iterable[Any], Iterable[Any]]
+# Attribute naming the handler category ("train"/"evaluate") a wrapper serves.
+WRAPPED_AS = "_clustered_handler"
 # Metric names of Flower's quickstart-pytorch, mapped to the protocol's.
 DEFAULT_METRIC_NAMES: dict[str, str] = {
     "train_loss": p.M_TRAIN_LOSS,
     "eval_loss": p.M_LOSS,
     "eval_acc": p.M_ACCURACY,
 }
+
+NO_VALIDATION = (
+    "the server asked for an evaluation on split 'validation' (ACFL's trials), and this "
+    "node's loaders_fn returned (train, test) only; return (train, validation, test) with "
+    "a validation loader your train() never trains on (ClusteredClient never scores a "
+    "choice on the test split)"
+)
 
 GRADIENT_REFUSED = (
     "the server asked for a gradient ('return'='gradient': IFCA with mode='gradient', "
@@ -113,6 +129,8 @@ class LoaderLearner(TorchLearner):
         Where scoring runs.
     loss_fn : Callable | None
         Per-sample loss (``reduction="none"``); cross-entropy by default.
+    validation_loader : Iterable | None
+        Held-out data for ACFL's trials; without it the ``validation`` split is refused.
     """
 
     def __init__(
@@ -123,9 +141,12 @@ class LoaderLearner(TorchLearner):
         batch_keys: tuple[str, str] = ("img", "label"),
         device: torch.device | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        validation_loader: Iterable[Any] | None = None,
     ) -> None:
         super().__init__(model, [], [], device=device, loss_fn=loss_fn)  # type: ignore[arg-type]
         self.loaders = {"train": train_loader, "test": test_loader}
+        if validation_loader is not None:
+            self.loaders["validation"] = validation_loader
         self.batch_keys = batch_keys
 
     def _batches(
@@ -139,8 +160,11 @@ class LoaderLearner(TorchLearner):
         """
         del batch_size, generator
         if split not in self.loaders:
+            if split == "validation":
+                raise ValueError(NO_VALIDATION)
             raise ValueError(
-                f"split {split!r} is not available with ClusteredClient; have train/test"
+                f"split {split!r} is not available with ClusteredClient; this node's "
+                f"loaders_fn gives {'/'.join(self.loaders)}"
             )
         for batch in self.loaders[split]:
             x, y = batch_xy(batch, self.batch_keys)
@@ -215,13 +239,20 @@ class LoaderLearner(TorchLearner):
 class ClusteredClient:
     """Make a FedAvg-style Flower ClientApp speak fl-clusters' protocol.
 
-    Wrap the app's handlers (``@app.train()`` above ``@clustered.train``) and the
-    queries are registered on ``app`` by the constructor. The user's handlers keep
-    their code, optimizer and ``context.run_config``; the message they get carries
-    one model under ``"arrays"`` and the server's config record unchanged. FedEM's
-    tasks (config ``"mixture"``=true) do not reach them: fl-clusters' SGD trains
-    the M components on the train loader's samples, each weighted by its
-    responsibility, and evaluation scores the node's mixture on the test loader.
+    Create it right after ``app = ClientApp()`` and wrap both default handlers
+    (``@app.train()`` above ``@clustered.train``, ``@app.evaluate()`` above
+    ``@clustered.evaluate``); the constructor registers the queries on ``app``.
+    From then on ``app`` refuses a default train or evaluate handler that is not
+    wrapped (``ValueError`` when the app is loaded): clustered strategies send it
+    several models under ``"clusters"``, which a FedAvg-style handler cannot read.
+    The user's handlers keep their code, optimizer and ``context.run_config``;
+    the message they get carries one model under ``"arrays"`` and the server's
+    config record unchanged. FedEM's tasks (config ``"mixture"``=true) do not
+    reach them: fl-clusters' SGD trains the M components on the train loader's
+    samples, each weighted by its responsibility, and evaluation scores the
+    node's mixture on the test loader. ACFL's trial evaluations (split
+    ``validation``) do not reach the evaluate handler either: they are scored
+    with ``model_fn``'s network on the validation loader.
 
     Parameters
     ----------
@@ -229,9 +260,11 @@ class ClusteredClient:
         The user's ClientApp; receives the query handlers.
     model_fn : Callable[[], nn.Module]
         Builds the user's network (its state dict matches the server's arrays).
-    loaders_fn : Callable[[Context], tuple[Iterable, Iterable]]
-        This node's (train, test) loaders. Cluster choice by loss reads the TRAIN
-        loader only; the final report scores every cluster model on the test one.
+    loaders_fn : Callable[[Context], tuple]
+        This node's ``(train, test)`` or ``(train, validation, test)`` loaders.
+        Cluster choice by loss reads the TRAIN loader only; the final report
+        scores every cluster model on the test one; ACFL's trials score models on
+        the validation one, which ACFL needs (its data must not be trained on).
     batch_keys : tuple[str, str] (default: ("img", "label"))
         Dict keys of inputs and labels when batches are dicts.
     loss_fn : Callable | None
@@ -266,14 +299,24 @@ class ClusteredClient:
         self.device = device
         # FedProx/FedSoft centres of the message being handled, for regularizer().
         self._centers: list[tuple[dict[str, torch.Tensor], float]] = []
+        self._guard_registration(app)
         self._register_queries(app, metadata_fn)
         pass_ray_messages_inline()
 
     def learner(self, context: Context) -> LoaderLearner:
-        """A scorer on this node's loaders; checks the batch format first."""
-        train_loader, test_loader = self.loaders_fn(context)
+        """A scorer on this node's loaders; checks their number and batch format first."""
+        loaders = self.loaders_fn(context)
+        if not isinstance(loaders, tuple | list) or len(loaders) not in (2, 3):
+            got = f"{len(loaders)} loaders" if isinstance(loaders, tuple | list) else (
+                type(loaders).__name__)
+            raise ValueError(
+                f"loaders_fn must return (train, test) or (train, validation, test) loaders; "
+                f"got {got}"
+            )
+        train_loader, *validation, test_loader = loaders
         learner = LoaderLearner(
-            self.model_fn(), train_loader, test_loader, self.batch_keys, self.device, self.loss_fn
+            self.model_fn(), train_loader, test_loader, self.batch_keys, self.device,
+            self.loss_fn, validation[0] if validation else None,
         )
         learner.check_format()
         return learner
@@ -313,18 +356,30 @@ class ClusteredClient:
             if persistent:
                 start = own or start
             self._centers = self._proximal_centers(message, config, models[cluster])
+            # The handler runs its own loop whatever local-steps asked; counting its
+            # optimizer steps tells the server what it did. The hook sees every
+            # optimizer of the process: one handler runs at a time per node.
+            steps_done = [0]
+            counter = register_optimizer_step_post_hook(
+                lambda *_: steps_done.__setitem__(0, steps_done[0] + 1)
+            )
             try:
                 reply = self._call(handler, message, start, context)
             finally:
+                counter.remove()
                 self._centers = []
             metrics = self._reply_metrics(reply)
+            if steps_done[0] and p.M_STEPS_DONE not in metrics:
+                metrics[p.M_STEPS_DONE] = steps_done[0]
             if len(models) > 1:
                 metrics[p.M_CLUSTER] = cluster
                 metrics[p.M_CLUSTER_LOSSES] = losses
             if persistent and p.ARRAYS in reply.content.array_records:
                 context.state[LOCAL_MODEL] = reply.content.array_records[p.ARRAYS]
+            record_training(context, learner.device)
             return reply
 
+        setattr(wrapped, WRAPPED_AS, "train")
         return wrapped
 
     def evaluate(self, handler: Handler) -> Handler:
@@ -337,12 +392,9 @@ class ClusteredClient:
             split = str(config.get(p.CFG_SPLIT, "test"))
             if split != "test":
                 # The user's handler evaluates on its own test data whatever the
-                # server asks; scoring ACFL's trials there would leak the test split.
-                raise ValueError(
-                    f"the server asked for an evaluation on split {split!r} (ACFL's trials); "
-                    "ClusteredClient evaluates with the app's test data only: run ACFL "
-                    "with fl-clusters' own ClientApp (register_handlers)"
-                )
+                # server asks, and ACFL's trials decide the clusters: they are
+                # scored here, with the user's model, on the loader of that split.
+                return _evaluate(learner, message, context)
             if is_mixture(message):
                 # FedEM's prediction is the node's mixture of every component.
                 return fedem_evaluate(learner, message, context)
@@ -359,7 +411,63 @@ class ClusteredClient:
                 metrics[p.M_CLUSTER] = cluster
             return reply
 
+        setattr(wrapped, WRAPPED_AS, "evaluate")
         return wrapped
+
+    @staticmethod
+    def _guard_registration(app: ClientApp) -> None:
+        """Make ``app`` refuse default train/evaluate handlers this object does not wrap.
+
+        Every train and evaluate message of a clustered strategy reaches the
+        default handlers, most with several models under ``"clusters"``; an
+        unwrapped FedAvg-style handler fails on each (``KeyError: 'arrays'``),
+        round after round, while the run goes on. Failing at registration, when
+        the app is loaded, names the fix before any round runs.
+        """
+        registered = [
+            name for name in (f"train.{DEFAULT_ACTION}", f"evaluate.{DEFAULT_ACTION}")
+            # Flower offers no public view of the registered handlers.
+            if name in app._registered_funcs
+        ]
+        if registered:
+            raise ValueError(
+                f"the app already has {' and '.join(registered)} handlers, which ClusteredClient "
+                "cannot wrap any more: create it right after `app = ClientApp()`, before "
+                "@app.train() / @app.evaluate(), and put @clustered.train / "
+                "@clustered.evaluate under them"
+            )
+        for category in ("train", "evaluate"):
+            register = getattr(app, category)
+
+            def checked(
+                action: str = DEFAULT_ACTION,
+                *,
+                mods: list[Any] | None = None,
+                _register: Callable[..., Callable[[Handler], Handler]] = register,
+                _category: str = category,
+            ) -> Callable[[Handler], Handler]:
+                decorator = _register(action, mods=mods)
+                if action != DEFAULT_ACTION:
+                    # Named actions are the app's own; strategies never send them.
+                    return decorator
+
+                def check(handler: Handler) -> Handler:
+                    wrapped_as = getattr(handler, WRAPPED_AS, None)
+                    if wrapped_as != _category:
+                        name = getattr(handler, "__name__", repr(handler))
+                        got = (f"is wrapped with @clustered.{wrapped_as}" if wrapped_as
+                               else "is not wrapped by ClusteredClient")
+                        raise ValueError(
+                            f"@app.{_category}() handler {name!r} {got}: clustered strategies "
+                            f"send it several models under '{p.CLUSTERS}', which a FedAvg-style "
+                            "handler cannot read (KeyError: 'arrays' on every message). Put "
+                            f"@clustered.{_category} directly under @app.{_category}()"
+                        )
+                    return decorator(handler)
+
+                return check
+
+            setattr(app, category, checked)
 
     def _proximal_centers(
         self, message: Message, config: ConfigRecord, chosen: ArrayRecord
@@ -416,7 +524,9 @@ class ClusteredClient:
         @app.query("report")
         def report(message: Message, context: Context) -> Message:
             metadata = metadata_fn(context) if metadata_fn else {}
-            return _report(self.learner(context), message, context, metadata)
+            reply = _report(self.learner(context), message, context, metadata)
+            reply.content[PLACEMENT] = placement_report(context)
+            return reply
 
         @app.query("sample_assignment")
         def sample_assignment(message: Message, context: Context) -> Message:
@@ -430,6 +540,10 @@ class ClusteredClient:
         def features(message: Message, context: Context) -> Message:
             return _features(self.learner(context), message, context)
 
-        app.query("identity")(_identity)
+        @app.query("identity")
+        def identity(message: Message, context: Context) -> Message:
+            metadata = metadata_fn(context) if metadata_fn else {}
+            return _identity(message, context, metadata.get("true-cluster"))
+
         app.query("state")(_kept_state)
         app.query("restore")(_restore_state)

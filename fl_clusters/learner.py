@@ -178,6 +178,22 @@ class TorchLearner:
             yield x_all[idx], y_all[idx], idx
         torch.randperm(n, generator=generator)
 
+    def num_steps(self, batch_size: int, epochs: int = 1, steps: int = 0) -> int:
+        """Mini-batch steps :meth:`train` takes with these settings.
+
+        Parameters
+        ----------
+        batch_size : int
+            Mini-batch size.
+        epochs : int
+            Passes over the training split (used when ``steps`` is 0).
+        steps : int
+            Exact number of steps; 0 = ``epochs`` passes.
+        """
+        if steps > 0:
+            return steps
+        return epochs * -(-self.num_examples("train") // batch_size)
+
     def train(
         self,
         arrays: ArrayRecord,
@@ -227,8 +243,7 @@ class TorchLearner:
             if weight > 0
         ]
         generator = torch.Generator().manual_seed(seed)
-        batches_per_epoch = -(-self.num_examples("train") // batch_size)
-        total_steps = steps if steps > 0 else epochs * batches_per_epoch
+        total_steps = self.num_steps(batch_size, epochs, steps)
         self.model.train()
         losses: list[float] = []
         while len(losses) < total_steps:

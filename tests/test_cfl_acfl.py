@@ -134,7 +134,7 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     assert (acfl.incentive_threshold, acfl.noise_z) == ("noise", 2.0)
     with pytest.raises(ValueError, match="acfl-incentive-threshold"):
         parse_run_config({"strategy": "acfl", "acfl-incentive-threshold": "loose"})
-    with pytest.raises(ValueError, match="acfl-incentive-threshold"):
+    with pytest.raises(ValueError, match="incentive_threshold must be one of 'beta', 'noise'"):
         ACFL(incentive_threshold="loose")
     assert acfl.summary_fields() == {
         "trial_evaluations": 0, "trial_messages": 0, "trial_train_messages": 0,
@@ -148,7 +148,7 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     [
         (lambda: CFL(eps1=-0.1), "eps1"),
         (lambda: CFL(split_threshold=1.5), "split_threshold"),
-        (lambda: CFL(min_silhouette=-2.0), "cfl-min-silhouette"),
+        (lambda: CFL(min_silhouette=-2.0), "min_silhouette"),
         (lambda: CFL(warmup_rounds=-1), "warmup_rounds"),
         (lambda: ACFL(max_rejections=0), "max_rejections"),
         (lambda: ACFL(beta=float("nan")), "beta"),
@@ -227,8 +227,9 @@ def test_cfl_splits_opposed_updates_only_after_warmup(server_identity) -> None:
     assert p.num_packed_clusters(packed) == 2
     assert {cfl.assignments[n] for n in (1, 2, 3, 4)} != {cfl.assignments[n] for n in (5, 6, 7)}
     assert len({cfl.assignments[n] for n in (1, 2, 3, 4)}) == 1
-    # Each node now trains its own cluster's model, told which one it is.
-    requests, _ = _cfl_round(cfl, 3, packed, grid, dict.fromkeys(nodes, 0.0))
+    # Each node now trains its own cluster's model, told which one it is (each
+    # part's members move alike, so neither splits again).
+    requests, _ = _cfl_round(cfl, 3, packed, grid, opposed)
     for request in requests:
         node = request.metadata.dst_node_id
         assert p.ARRAYS in request.content.array_records
@@ -238,7 +239,8 @@ def test_cfl_splits_opposed_updates_only_after_warmup(server_identity) -> None:
 def test_cfl_keeps_one_cluster_for_aligned_updates(server_identity) -> None:
     nodes = list(range(1, 9))
     grid = NodesOnly(nodes)
-    cfl = CFL(eps1=10.0, eps2=0.0, split_threshold=0.45, warmup_rounds=0, min_available_nodes=8)
+    cfl = CFL(gate="absolute", eps1=10.0, eps2=0.0, split_threshold=0.45, warmup_rounds=0,
+              min_available_nodes=8)
     packed = START
     for server_round in (1, 2, 3):
         _, packed = _cfl_round(cfl, server_round, packed, grid, dict.fromkeys(nodes, 0.6))

@@ -56,8 +56,9 @@ def test_ifca_fills_all_four_rotation_clusters_on_fashion_mnist(federation) -> N
 def test_cfl_splits_with_the_cnn_on_fashion_mnist(federation) -> None:
     """The relative gate's reference R is ~0.55-0.59 here (MLP on digits: ~0.5).
 
-    Measured twice: split at round 5 (mean norm 0.34-0.36 < 0.8 R, max 0.62-0.66 >
-    0.9 R, cross similarity 0.10-0.13), none at round 6 (cross similarity of the
+    Measured twice with the previous gate (mean norm against R): split at round 5
+    (mean norm 0.34-0.36 < 0.8 R, max 0.62-0.66 > 0.9 R, cross similarity
+    0.10-0.13), none at round 6 (cross similarity of the
     4-member groups >= 0.53). In an 8-round run a group split again at round 7 on
     cross similarity 0.425 < 0.45 (the split threshold, not the gate): 6 rounds.
     """

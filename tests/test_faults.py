@@ -75,8 +75,9 @@ def test_a_run_whose_every_client_fails_stops_with_their_reasons(
     grid = FailingGrid([1, 2, 3], {})
     strategy = IFCA(num_clusters=2, init=init, min_available_nodes=3, max_failed_rounds=2)
     model = ArrayRecord([np.zeros(2, dtype=np.float32)])
+    # Built by the user, so the hint names the constructor argument.
     with pytest.raises(RuntimeError, match=r"2 training rounds in a row without one valid reply"
-                       r".*node 1: client error \(simulated crash\).*max-failed-rounds"):
+                       r".*node 1: client error \(simulated crash\).*max_failed_rounds=2"):
         strategy.start(grid, model, num_rounds=5)  # type: ignore[arg-type]
 
 

@@ -209,6 +209,41 @@ def test_client_e_step_estimates_pi_from_training_labels_only(identity) -> None:
     assert kept > weights[0][0] + 0.04
 
 
+def test_each_component_trains_on_its_own_responsibilities(identity) -> None:
+    """Responsibilities one-hot by construction (|x0| >= 1 gives every sample a loss
+    gap >= 16 between the components): component 0 owns source A, component 1
+    source B. Each component's M-step must see only its own samples: trained on
+    the other's, component 0 would fit most of source B in 20 steps; and component
+    m equals a training weighted by q(m, .), not by another component's q."""
+    x, y, is_b = sources(200, 0.5, 6)
+    x[:, 0] += torch.sign(x[:, 0])  # |x0| >= 1: no sample near the boundary
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 3}, state=RecordDict(),
+                  run_config={})
+    learner = learner_on(x, y)
+    models = [fitting(False), fitting(True)]
+    config = ConfigRecord({p.CFG_MIXTURE: True, p.CFG_LR: 0.5, p.CFG_STEPS: 20, p.CFG_ROUND: 2,
+                           p.CFG_BATCH: 32})
+    message = Message(RecordDict({p.CLUSTERS: p.pack_clusters(models), p.CONFIG: config}),
+                      dst_node_id=7, message_type="train")
+    losses, _, _ = learner.component_scores(models, "train")
+    q, _ = e_step(losses, [0.5, 0.5])
+    assert np.all(q[0, ~is_b] > 0.999) and np.all(q[1, is_b] > 0.999)
+    reply = fedem_train(learner, message, ctx)
+    trained = p.unpack_clusters(reply.content.array_records[p.ARRAYS])
+    after, _, _ = learner.component_scores(trained, "train")
+    own = [~is_b, is_b]
+    kwargs = {"lr": 0.5, "batch_size": 32, "steps": 20, "seed": 2 * 100_003 + 3}
+    for m in (0, 1):
+        # Its own samples stay fitted, the other component's stay unlearned.
+        assert after[m, own[m]].mean() <= losses[m, own[m]].mean() + 1e-6
+        assert after[m, ~own[m]].mean() >= 0.99 * losses[m, ~own[m]].mean()
+        alone, _ = learner.train(models[m], sample_weights=q[m], **kwargs)
+        np.testing.assert_allclose(flat(trained[m]), flat(alone), rtol=1e-6)
+        # What training on the other component's samples would have given.
+        other, _ = learner.train(models[m], sample_weights=q[1 - m], **kwargs)
+        assert learner.per_sample_correct(other, "train")[~own[m]].mean() > 0.5
+
+
 def test_mixture_prediction_and_report_use_the_nodes_pi(identity) -> None:
     x, y, _ = sources(200, 0.5, 4)
     test_x, test_y, is_b = sources(100, 0.5, 5)
@@ -306,6 +341,22 @@ def test_server_averages_each_component_weighted_by_examples(identity) -> None:
         assert msg.content.config_records[p.CONFIG][p.CFG_MIXTURE] is True
 
 
+def test_random_init_keeps_the_users_initial_arrays(identity) -> None:
+    """The plain initial model is component 0 as given; the others are drawn."""
+    pretrained = layer(0.0, np.arange(12, dtype=np.float32).reshape(3, 4))
+    strategy = FedEM(3, init="random", seed=4)
+    messages = list(strategy.configure_train(1, pretrained, ConfigRecord(),
+                                             NodesGrid([1, 2])))  # type: ignore[arg-type]
+    components = p.unpack_clusters(messages[0].content.array_records[p.CLUSTERS])
+    assert len(components) == 3
+    np.testing.assert_array_equal(flat(components[0]), flat(pretrained))
+    weights = [c["layer.weight"].numpy() for c in components]
+    assert not np.allclose(weights[1], weights[0]) and not np.allclose(weights[2], weights[1])
+    # Drawn at the given arrays' scale.
+    bound = np.sqrt(3.0) * weights[0].std()
+    assert all(np.abs(w).max() <= bound for w in weights[1:])
+
+
 def test_warm_start_groups_the_first_local_models(identity) -> None:
     strategy = FedEM(2, init_steps=7)
     messages = list(strategy.configure_train(1, layer(0.0), ConfigRecord(),
@@ -330,18 +381,19 @@ def test_warm_start_groups_the_first_local_models(identity) -> None:
 
 
 def test_bad_configuration_names_the_key() -> None:
-    with pytest.raises(ValueError, match="num-clusters"):
+    # Built by the user: the constructor's argument is named; from the run config: the key.
+    with pytest.raises(ValueError, match="num_clusters must be an int >= 2"):
         FedEM(1)
-    with pytest.raises(ValueError, match="fedem-init"):
+    with pytest.raises(ValueError, match="init must be one of 'local-kmeans', 'random'"):
         FedEM(2, init="kmeans")
-    with pytest.raises(ValueError, match="fedem-init-steps"):
+    with pytest.raises(ValueError, match="init_steps must be an int >= 1"):
         FedEM(2, init_steps=0)
     with pytest.raises(ValueError, match="fedem-init"):
         parse_run_config({"strategy": "fedem", "fedem-init": "kmeans"})
     settings = parse_run_config({"strategy": "fedem", "num-clusters": 3, "fedem-init": "random"})
     strategy = build_strategy({**settings, "min-available-nodes": 2})
     assert isinstance(strategy, FedEM)
-    assert (strategy.num_components, strategy.init) == (3, "random")
+    assert (strategy.num_clusters, strategy.init) == (3, "random")
     with pytest.raises(ValueError, match="num-clusters"):
         build_strategy({**parse_run_config({"strategy": "fedem", "num-clusters": 1}),
                         "min-available-nodes": 2})
@@ -368,6 +420,13 @@ def test_summary_scores_the_mixture_and_pi_against_the_truth() -> None:
     assert fields["cluster_source_match"] == [0, 1]
     # |0.7-0.8| + |0.3-0.2| + |0.2-0.3| + |0.8-0.7|, over 4 weights.
     assert fields["importance_weight_error"] == pytest.approx(0.1)
+    # FedEM's own clustering (argmax pi) beside the warm start's, each scored.
+    assert fields["mixture_clusters"] == {"11": 0, "12": 1} and fields["mixture_ari"] == 1.0
+    assert "warm_start_ari" not in fields  # no warm start ran
+    strategy.warm_start_groups = {11: 0, 12: 0}
+    strategy.mixture_weights[12] = np.array([0.6, 0.4])
+    fields = strategy_fields(strategy, rows)
+    assert fields["warm_start_ari"] == 0.0 and fields["mixture_ari"] == 0.0
 
 
 # ------------------------------------------------------ simulated federations

@@ -48,5 +48,5 @@ def test_fldc_eps_method_comes_from_the_run_config_and_bad_values_are_named() ->
     assert isinstance(fldc, FLDC) and fldc.eps_method == "silhouette"
     with pytest.raises(ValueError, match="fldc-eps-method"):
         parse_run_config({"fldc-eps-method": "elbow"})
-    with pytest.raises(ValueError, match="fldc-eps-method"):
+    with pytest.raises(ValueError, match="eps_method must be one of 'knee', 'silhouette'"):
         FLDC(eps_method="elbow")

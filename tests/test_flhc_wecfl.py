@@ -22,6 +22,7 @@ from fl_clusters.clustering import (
     median_nearest_distance,
     weighted_kmeans,
 )
+from fl_clusters.clustering.kmeans_models import match_to_previous, recluster_kmeans
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import FASHION_MNIST_ROOT
 from fl_clusters.strategies import FLHC, WeCFL
@@ -110,10 +111,16 @@ def test_labels_are_numbered_in_order_of_first_appearance() -> None:
 def test_edge_cases_of_the_hierarchy() -> None:
     assert UpdateHierarchy().fit(np.ones((1, 5))).labels_.tolist() == [0]
     assert UpdateHierarchy().fit(np.eye(2)).num_clusters_ == 1  # no jump to judge
-    twins = np.repeat(np.eye(3), 2, axis=0)  # identical pairs: only they merge
-    assert UpdateHierarchy().fit_predict(twins).tolist() == [0, 0, 1, 1, 2, 2]
-    relative = UpdateHierarchy(threshold="relative")  # median nearest distance 0
-    assert relative.fit_predict(twins).tolist() == [0, 0, 1, 1, 2, 2]
+    # Identical pairs count once: three equidistant updates, no group structure
+    # (before copies were collapsed, only the twins merged: 3 clusters).
+    twins = np.repeat(np.eye(3), 2, axis=0)
+    hierarchy = UpdateHierarchy().fit(twins)
+    assert hierarchy.labels_.tolist() == [0] * 6 and hierarchy.num_distinct_ == 3
+    assert UpdateHierarchy(threshold="relative").fit_predict(twins).tolist() == [0] * 6
+    # A cut below every distance keeps the distinct updates apart; copies follow.
+    absolute = UpdateHierarchy(threshold="absolute", distance_threshold=0.5)
+    assert absolute.fit_predict(twins).tolist() == [0, 0, 1, 1, 2, 2]
+    assert UpdateHierarchy().fit(np.ones((4, 3))).labels_.tolist() == [0] * 4
     assert median_nearest_distance(np.array([[0.0, 0.0], [3.0, 4.0], [3.0, 5.0]])) == 1.0
 
 
@@ -129,10 +136,10 @@ def test_edge_cases_of_the_hierarchy() -> None:
         (lambda: UpdateHierarchy(distance_threshold=-1.0), "distance_threshold=-1.0"),
         (lambda: UpdateHierarchy().fit(np.full((3, 2), np.nan)), "finite"),
         (lambda: UpdateHierarchy("average", "cosine").fit(np.zeros((3, 2))), "zero row"),
-        (lambda: FLHC(warmup_rounds=-1), "flhc-warmup-rounds"),
+        (lambda: FLHC(warmup_rounds=-1), "warmup_rounds must be an int >= 0; got -1"),
         (lambda: FLHC(linkage="ward", metric="manhattan"), "flhc-metric"),
-        (lambda: WeCFL(0), "num-clusters"),
-        (lambda: WeCFL(2, n_init=0), "wecfl-n-init"),
+        (lambda: WeCFL(0), "num_clusters must be an int >= 1; got 0"),
+        (lambda: WeCFL(2, n_init=0), "n_init must be an int >= 1; got 0"),
         (lambda: initial_kmeans(np.zeros((2, 3)), np.ones(2), 3), "num_clusters=3"),
         (lambda: initial_kmeans(np.zeros((2, 3)), np.array([1.0, 0.0]), 1), "weights"),
         (lambda: weighted_kmeans(np.zeros((2, 3)), np.ones(2), np.zeros((2, 4))), "centers"),
@@ -261,6 +268,74 @@ def test_wecfl_keeps_cluster_numbers_and_unsampled_members(server_identity) -> N
     np.testing.assert_array_equal(after[kept]["w"].numpy(), models[kept]["w"].numpy())
     assert wecfl.assignments == first
     assert wecfl.reassigned == [0, 0]
+
+
+def _wecfl_round(wecfl: WeCFL, server_round: int, arrays: ArrayRecord, grid: NodesOnly,
+                 target: dict[int, np.ndarray]) -> ArrayRecord:
+    """Every node answers with the model ``target[node]`` (its data's optimum) + noise."""
+    replies = []
+    for request in wecfl.configure_train(server_round, arrays, ConfigRecord(), grid):
+        node = request.metadata.dst_node_id
+        noise = np.random.default_rng(100 * server_round + node).normal(scale=0.05, size=6)
+        model = p.numpy_to_record(["w"], [(target[node] + noise).astype(np.float32)])
+        metrics = MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5, p.M_CLUSTER: 0})
+        replies.append(Message(RecordDict({p.ARRAYS: model, p.METRICS: metrics}),
+                               reply_to=request))
+    packed, _ = wecfl.aggregate_train(server_round, replies)
+    return packed
+
+
+def test_wecfl_reruns_kmeans_every_round_and_counts_the_nodes_that_move(
+    server_identity,
+) -> None:
+    """Node 4's data change after round 1: its model now lands among group B's.
+
+    Each round's k-means is fresh, and its clusters are matched to the cluster
+    models: group A keeps cluster A's number, node 4 is one move.
+    """
+    nodes = list(range(1, 9))
+    grid = NodesOnly(nodes)
+    wecfl = WeCFL(2, min_available_nodes=8)
+    a, b = 3 * np.eye(6)[0], 3 * np.eye(6)[1]
+    target = {n: a if n <= 4 else b for n in nodes}
+    packed = _wecfl_round(wecfl, 1, START, grid, target)
+    first = dict(wecfl.assignments)
+    cluster_a, cluster_b = first[1], first[5]
+    assert cluster_a != cluster_b and wecfl.reassigned == [0]
+    target[4] = b
+    packed = _wecfl_round(wecfl, 2, packed, grid, target)
+    assert wecfl.assignments == {n: cluster_a if n <= 3 else cluster_b for n in nodes}
+    assert wecfl.reassigned == [0, 1]
+    models = p.unpack_clusters(packed)
+    np.testing.assert_allclose(models[cluster_b]["w"].numpy(), b, atol=0.1)
+    np.testing.assert_allclose(models[cluster_a]["w"].numpy(), a, atol=0.1)
+    # Nobody changes again: the matching keeps every number, so nothing counts as a move.
+    _wecfl_round(wecfl, 3, packed, grid, target)
+    assert wecfl.reassigned == [0, 1, 0]
+    assert wecfl.summary_fields()["reassigned_per_round"] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1], [1, 2, 0]])
+def test_fresh_kmeans_is_numbered_as_the_previous_cluster_models(order: list[int]) -> None:
+    points, truth = _groups(3, 4, 20, spread=0.05, scale=1.0, seed=5)
+    centers = np.stack([points[truth == g].mean(axis=0) for g in range(3)])
+    labels = recluster_kmeans(points, np.ones(12), centers[order] + 0.1)
+    # Group g sits at previous cluster order.index(g) whatever k-means numbered it.
+    assert labels.tolist() == [order.index(g) for g in truth]
+    assert match_to_previous(centers[[1, 2, 0]], centers).tolist() == [1, 2, 0]
+    # Fewer distinct models than clusters: Lloyd's iterations from the models place them.
+    few = recluster_kmeans(points[:2], np.ones(2), centers[order])
+    assert few.tolist() == [order.index(0)] * 2
+
+
+def test_fresh_kmeans_regroups_where_lloyd_from_the_old_models_sticks() -> None:
+    """Both groups' models drifted next to old cluster 1: Lloyd's iterations from the
+    old models put everyone in cluster 1 and leave cluster 0 empty; a fresh k-means
+    separates the two groups (the one nearer old model 0 takes cluster 0)."""
+    points = np.array([[9.0], [9.1], [8.9], [11.0], [11.1], [10.9]])
+    previous = np.array([[0.0], [10.0]])
+    assert weighted_kmeans(points, np.ones(6), previous)[0].tolist() == [1] * 6
+    assert recluster_kmeans(points, np.ones(6), previous).tolist() == [0, 0, 0, 1, 1, 1]
 
 
 def test_run_config_builds_flhc_and_wecfl_with_their_keys() -> None:

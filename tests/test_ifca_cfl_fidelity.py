@@ -13,11 +13,12 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
+    coherence_split_gate,
     decide_cfl_split,
     has_converged,
     output_layer_profiles,
-    relative_split_gate,
     unit_rows,
+    update_coherence,
     widest_group,
 )
 from fl_clusters.config import parse_group_sizes
@@ -314,14 +315,23 @@ def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
 
 
 # ------------------------------------------------------------ pure gate math
-def test_relative_split_gate_is_scale_free() -> None:
+def test_coherence_split_gate_is_scale_free() -> None:
+    rng = np.random.default_rng(0)
+    opposed = np.r_[np.ones((4, 1)), -np.ones((4, 1))] * np.r_[1.0, np.zeros(9)] + \
+        0.05 * rng.normal(size=(8, 10))
+    aligned = np.abs(opposed)
     for scale in (1e-3, 1.0, 1e3):
-        # reference 0.5: eps1 = 0.4, eps2 = 0.45 at scale 1.
-        assert relative_split_gate(0.1 * scale, 0.5 * scale, 0.5 * scale, 0.8, 0.9)
-        assert not relative_split_gate(0.42 * scale, 0.5 * scale, 0.5 * scale, 0.8, 0.9)
-        assert not relative_split_gate(0.1 * scale, 0.44 * scale, 0.5 * scale, 0.8, 0.9)
+        reference = 0.5 * scale  # the largest norm of the first rounds
+        max_norm = float(np.linalg.norm(opposed * scale, axis=1).max())
+        assert coherence_split_gate(update_coherence(opposed * scale), max_norm, reference,
+                                    0.8, 0.6)
+        assert not coherence_split_gate(update_coherence(aligned * scale), max_norm, reference,
+                                        0.8, 0.6)
+        # Members that all stopped moving (0.25 of the early norm) have nothing to split.
+        assert not coherence_split_gate(update_coherence(opposed * scale), 0.25 * reference,
+                                        reference, 0.8, 0.6)
     with pytest.raises(ValueError, match="max_ratio"):
-        relative_split_gate(0.1, 0.5, 0.2, 0.8, 0.0)
+        coherence_split_gate(0.1, 0.5, 0.2, 0.8, -0.1)
 
 
 def test_has_converged_waits_for_the_norms_to_level_off() -> None:

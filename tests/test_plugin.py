@@ -95,11 +95,15 @@ def train_message(models: list[ArrayRecord], config: dict) -> Message:
     return Message(content=content, dst_node_id=7, message_type="train")
 
 
-def build(flip: bool, batch_keys=("img", "label"), seen: dict | None = None):
+def build(flip: bool, batch_keys=("img", "label"), seen: dict | None = None,
+          validation: bool = False):
     """A user's ClientApp whose handlers are wrapped by ClusteredClient."""
     app = ClientApp()
     train_set = DictDigits(64, flip)
-    loaders = (DataLoader(train_set, batch_size=16), DataLoader(DictDigits(32, flip, 1), 32))
+    loaders: tuple = (DataLoader(train_set, batch_size=16), DataLoader(DictDigits(32, flip, 1), 32))
+    if validation:
+        # 24 held-out samples, a size no other split has.
+        loaders = (loaders[0], DataLoader(DictDigits(24, flip, 2), 8), loaders[1])
     clustered = ClusteredClient(app, make_net, lambda ctx: loaders, batch_keys=batch_keys)
     seen = {} if seen is None else seen
 
@@ -181,13 +185,43 @@ def test_evaluate_reply_carries_protocol_names_and_cluster() -> None:
     assert p.CLUSTERS in message.content.array_records
 
 
-def test_validation_split_is_refused_not_scored_on_test_data() -> None:
+def validation_message(model: ArrayRecord) -> Message:
+    """ACFL's trial evaluation: one model, scored on the validation split."""
+    content = RecordDict({p.ARRAYS: model, p.CONFIG: ConfigRecord({p.CFG_SPLIT: "validation"})})
+    return Message(content=content, dst_node_id=7, message_type="evaluate")
+
+
+def test_validation_split_without_a_validation_loader_is_refused_not_scored_on_test() -> None:
     _, _, evaluate, seen = build(False)
-    models = [model_fitting(False), model_fitting(True)]
-    message = train_message(models, {p.CFG_SPLIT: "validation"})
-    with pytest.raises(ValueError, match="split 'validation'"):
-        evaluate(message, context())
+    with pytest.raises(ValueError, match=r"split 'validation' \(ACFL's trials\).*return "
+                       r"\(train, validation, test\)"):
+        evaluate(validation_message(model_fitting(False)), context())
     assert "eval_arrays" not in seen
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_validation_split_is_scored_on_the_validation_loader(flip: bool) -> None:
+    _, _, evaluate, seen = build(False, validation=True)
+    reply = evaluate(validation_message(model_fitting(flip)), context())
+    metrics = reply.content.metric_records["metrics"]
+    # The validation loader's 24 samples, not the test loader's 32: the model that
+    # fits the node's group is right on all of them, the other one on none.
+    assert metrics[p.M_NUM_EXAMPLES] == 24
+    assert metrics[p.M_ACCURACY] == (0.0 if flip else 1.0)
+    # The user's handler (test data) never saw the trial.
+    assert "eval_arrays" not in seen
+    # A plain evaluation still goes to the user's handler.
+    evaluate(train_message([model_fitting(False), model_fitting(True)], {}), context())
+    assert "eval_arrays" in seen
+
+
+def test_loaders_of_another_arity_are_refused() -> None:
+    app = ClientApp()
+    loader = DataLoader(DictDigits(8, False), 4)
+    clustered = ClusteredClient(app, make_net, lambda ctx: (loader,))
+    with pytest.raises(ValueError, match=r"\(train, test\) or \(train, validation, test\) "
+                       r"loaders; got 1 loaders"):
+        clustered.learner(context())
 
 
 def test_gradient_request_is_refused_before_the_users_handler_runs() -> None:
@@ -204,6 +238,40 @@ def test_wrong_batch_format_names_what_is_expected() -> None:
     expected = r"dicts with keys 'image'/'target'; got dict with keys \['img', 'label'\]"
     with pytest.raises(ValueError, match=expected):
         train(train_message([model_fitting(False), model_fitting(True)], {}), context())
+
+
+def handler(msg: Message, ctx: Context) -> Message:
+    return Message(RecordDict(), reply_to=msg)
+
+
+@pytest.mark.parametrize("category", ["train", "evaluate"])
+def test_an_unwrapped_default_handler_is_refused_when_registered(category: str) -> None:
+    app = ClientApp()
+    clustered = ClusteredClient(app, make_net, lambda ctx: ([], []))
+    register = getattr(app, category)
+    with pytest.raises(ValueError, match=rf"handler 'handler' is not wrapped by ClusteredClient"
+                       rf".*Put @clustered.{category} directly under @app.{category}\(\)"):
+        register()(handler)
+    # Decorators in the wrong order register the bare handler: refused too.
+    with pytest.raises(ValueError, match="is not wrapped by ClusteredClient"):
+        getattr(clustered, category)(register()(handler))
+    other = "evaluate" if category == "train" else "train"
+    with pytest.raises(ValueError, match=rf"is wrapped with @clustered.{other}"):
+        register()(getattr(clustered, other)(handler))
+    assert f"{category}.default" not in app._registered_funcs
+    register()(getattr(clustered, category)(handler))
+    assert f"{category}.default" in app._registered_funcs
+    # Named actions are the app's own: strategies never send them.
+    register("custom")(handler)
+    assert f"{category}.custom" in app._registered_funcs
+
+
+def test_wrapper_created_after_the_handlers_is_refused() -> None:
+    app = ClientApp()
+    app.evaluate()(handler)
+    with pytest.raises(ValueError, match=r"already has evaluate.default handlers.*right after "
+                       r"`app = ClientApp\(\)`"):
+        ClusteredClient(app, make_net, lambda ctx: ([], []))
 
 
 def test_queries_are_registered_on_the_users_app() -> None:

@@ -27,10 +27,11 @@ from fl_clusters.clustering.density import (
     stratified_sample,
 )
 from fl_clusters.clustering.gates import (
+    coherence_split_gate,
     has_converged,
     output_layer_profiles,
-    relative_split_gate,
     unit_rows,
+    update_coherence,
     widest_group,
 )
 from fl_clusters.clustering.hierarchical import UpdateHierarchy, median_nearest_distance
@@ -75,6 +76,7 @@ __all__ = [
     "closest_direction",
     "cluster_feature_means",
     "cluster_structure_score",
+    "coherence_split_gate",
     "decide_cfl_split",
     "e_step",
     "fit_mixture_weights",
@@ -96,7 +98,6 @@ __all__ = [
     "order_by_similarity",
     "output_layer_profiles",
     "pairwise_cosine",
-    "relative_split_gate",
     "responsibilities",
     "sample_per_cluster",
     "selection_probabilities",
@@ -104,6 +105,7 @@ __all__ = [
     "silhouette_eps",
     "stratified_sample",
     "unit_rows",
+    "update_coherence",
     "update_norms",
     "weighted_average",
     "weighted_kmeans",

@@ -142,6 +142,9 @@ class CFLSplitDecision:
     structure_score : float
         :func:`cluster_structure_score` of the updates; NaN where it did not
         decide (another test already refused the split, or the test is off).
+    refusal : str
+        Why the cluster did not split, in words for the log (the first test
+        that refused it); empty when it splits.
     """
 
     split: bool
@@ -150,6 +153,7 @@ class CFLSplitDecision:
     max_norm: float
     max_cross_similarity: float
     structure_score: float = np.nan
+    refusal: str = ""
 
 
 MIN_SPLIT_MEMBERS = 3
@@ -183,7 +187,7 @@ def decide_cfl_split(
         a split.
     norms_qualify : bool | None (default: None)
         The outcome of a norm test made by the caller (e.g.
-        :func:`~fl_clusters.clustering.relative_split_gate`); ``None`` applies
+        :func:`~fl_clusters.clustering.coherence_split_gate`); ``None`` applies
         :func:`should_split` with ``eps1`` and ``eps2``.
     min_structure : float (default: -1.0)
         Split only when :func:`cluster_structure_score` of the updates is at
@@ -209,17 +213,27 @@ def decide_cfl_split(
         norms_qualify = should_split(mean_norm, max_norm, eps1, eps2)
     count = len(updates)
     if count < 2:
-        return CFLSplitDecision(False, np.zeros(count, dtype=np.int64), mean_norm, max_norm, np.nan)
+        return CFLSplitDecision(False, np.zeros(count, dtype=np.int64), mean_norm, max_norm,
+                                np.nan, refusal=f"{count} trained member, a split needs "
+                                f"{MIN_SPLIT_MEMBERS}")
     similarity = pairwise_cosine(updates)
     labels, max_cross = bipartition_by_cosine(similarity)
     # The group test only decides a split the other tests let through; skipped
     # otherwise (a tree and up to 9 silhouettes per cluster and round).
-    candidate = norms_qualify and count >= MIN_SPLIT_MEMBERS and max_cross < gamma_max
+    refusal = (
+        "gate closed" if not norms_qualify
+        else f"{count} trained members, a split needs {MIN_SPLIT_MEMBERS}"
+        if count < MIN_SPLIT_MEMBERS
+        else f"cross similarity {max_cross:.3f} >= {gamma_max:.3g}" if max_cross >= gamma_max
+        else ""
+    )
     structure = (
         cluster_structure_score(similarity)[0]
-        if candidate and min_structure > -1.0 else np.nan
+        if not refusal and min_structure > -1.0 else np.nan
     )
-    split = candidate and (min_structure <= -1.0 or structure >= min_structure)
+    if not refusal and min_structure > -1.0 and structure < min_structure:
+        refusal = f"group silhouette {structure:.3f} < {min_structure:.3g}"
+    split = not refusal
     return CFLSplitDecision(
         split=split,
         labels=labels if split else np.zeros(count, dtype=np.int64),
@@ -227,4 +241,5 @@ def decide_cfl_split(
         max_norm=max_norm,
         max_cross_similarity=max_cross,
         structure_score=structure,
+        refusal=refusal,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import pairwise_distances
 
@@ -11,6 +12,9 @@ from fl_clusters.clustering.similarity import _finite_matrix
 LINKAGES = ("ward", "average", "complete", "single")
 DISTANCES = ("euclidean", "manhattan", "cosine")
 THRESHOLDS = ("gap", "relative", "absolute")
+# Updates closer than this fraction of the median distance between distinct updates
+# are copies of one update (the same data and seed, up to floating-point noise).
+COPY_RATIO = 1e-3
 
 
 def median_nearest_distance(points: np.ndarray, metric: str = "euclidean") -> float:
@@ -43,6 +47,48 @@ def median_nearest_distance(points: np.ndarray, metric: str = "euclidean") -> fl
     return float(np.median(distances.min(axis=1)))
 
 
+def distinct_updates(points: np.ndarray, metric: str = "euclidean") -> np.ndarray:
+    """Which distinct update each point copies: exact copies and near copies count once.
+
+    Two clients with the same data and seed (or a device that reports again)
+    send the same update up to floating-point noise. Clustered as separate
+    points they form the lowest merge of the tree by far, and under ward they
+    weigh twice. Points closer than :data:`COPY_RATIO` x the median distance
+    between exactly distinct points are chained into one copy group,
+    represented by its first point, so a copy changes nothing about how the
+    other points are grouped.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points, N >= 1.
+    metric : str (default: "euclidean")
+        One of :data:`DISTANCES`.
+
+    Returns
+    -------
+    np.ndarray
+        (N,) int: for every point, the index of the first point of its copy group.
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    _, first, inverse = np.unique(matrix, axis=0, return_index=True, return_inverse=True)
+    owner = first[inverse.ravel()]
+    unique = np.sort(first)
+    if unique.size < 2:
+        return owner
+    distances = pairwise_distances(matrix[unique], metric=metric)
+    if metric == "cosine":
+        # 1 - cos grows with the square of the angle; its root grows linearly, like
+        # the other metrics, so COPY_RATIO means the same for all.
+        distances = np.sqrt(np.maximum(distances, 0.0))
+    # The median over all pairs: copies, however many, are a small share of the pairs.
+    tolerance = COPY_RATIO * float(np.median(distances[np.triu_indices(unique.size, 1)]))
+    _, groups = connected_components(distances <= tolerance, directed=False)
+    # ``unique`` is sorted, so a group's first entry in ``groups`` is its first point.
+    _, lowest = np.unique(groups, return_index=True)
+    return unique[lowest[groups]][np.searchsorted(unique, owner)]
+
+
 class UpdateHierarchy:
     """Agglomerative clustering of client updates cut at a distance threshold (FL+HC).
 
@@ -55,6 +101,15 @@ class UpdateHierarchy:
     is at least ``min_gap`` times; otherwise every update joins one cluster.
     Ratios of heights do not depend on the units of the updates.
 
+    Copies of an update (exact, or closer than :data:`COPY_RATIO` x the median
+    distance between updates) are clustered once and take their original's
+    label (:func:`distinct_updates`): a copy would otherwise be the tree's first,
+    tiny merge, whose jump to the next merge wins the gap cut (4 groups of 5
+    with one near-identical pair gave 19 clusters). For the same reason the gap
+    cut only counts jumps whose lower merge is at least the median
+    nearest-neighbour distance / ``min_gap`` (the noise floor): two unusually
+    close updates of one group merge far below it.
+
     Parameters
     ----------
     linkage : str (default: "ward")
@@ -63,8 +118,9 @@ class UpdateHierarchy:
         One of :data:`DISTANCES`.
     threshold : str (default: "gap")
         ``"gap"``: cut at the geometric mean of the two merge heights around the
-        largest ratio between consecutive heights, if that ratio is >=
-        ``min_gap``, else one cluster (fewer than 3 points: one cluster).
+        largest ratio between consecutive heights whose lower height is above
+        the noise floor, if that ratio is >= ``min_gap``, else one cluster (fewer
+        than 3 distinct points: one cluster).
         ``"relative"``: cut at ``distance_ratio`` x the median nearest-neighbour
         distance. ``"absolute"``: cut at ``distance_threshold`` (the paper's form).
     min_gap : float (default: 1.6)
@@ -87,9 +143,12 @@ class UpdateHierarchy:
         The distance at which merging stopped; inf when everything merged
         because no jump reached ``min_gap``.
     max_gap_ : float
-        Largest ratio between consecutive merge heights (NaN below 3 points).
+        Largest ratio between consecutive merge heights above the noise floor
+        (NaN below 3 distinct points; 1 when no merge lies above the floor).
     nearest_distance_ : float
-        Median nearest-neighbour distance (NaN for a single point).
+        Median nearest-neighbour distance of the distinct points (NaN for one).
+    num_distinct_ : int
+        Number of distinct points, copies counted once.
     """
 
     def __init__(
@@ -138,33 +197,41 @@ class UpdateHierarchy:
         matrix = _finite_matrix("points", points).astype(np.float64)
         if matrix.shape[0] == 0:
             raise ValueError("points must hold at least 1 row, got 0")
-        self.max_gap_ = float("nan")
-        if matrix.shape[0] == 1:
-            self._set(np.zeros(1, dtype=np.int64), float("nan"), float("inf"))
-            return self
         if self.metric == "cosine" and np.any(np.linalg.norm(matrix, axis=1) == 0.0):
             raise ValueError("points holds a zero row: its cosine distance is undefined")
+        self.max_gap_ = float("nan")
+        owner = distinct_updates(matrix, self.metric)
+        distinct = np.unique(owner)
+        self.num_distinct_ = int(distinct.size)
+        if distinct.size == 1:
+            self._set(np.zeros(matrix.shape[0], dtype=np.int64), float("nan"), float("inf"))
+            return self
+        matrix = matrix[distinct]
         nearest = median_nearest_distance(matrix, self.metric)
         if self.threshold == "gap":
-            cut = self._gap_cut(matrix)
+            cut = self._gap_cut(matrix, nearest)
         elif self.threshold == "relative":
             cut = self.distance_ratio * nearest
         else:
             cut = self.distance_threshold
         if cut == float("inf"):
             labels = np.zeros(matrix.shape[0], dtype=np.int64)
-        elif cut == 0.0:
-            # Most updates have an identical twin: only identical updates merge.
-            labels = np.unique(matrix, axis=0, return_inverse=True)[1].ravel()
         else:
             labels = AgglomerativeClustering(
                 n_clusters=None, distance_threshold=cut, linkage=self.linkage, metric=self.metric
             ).fit_predict(matrix)
-        self._set(labels, nearest, cut)
+        # Every copy takes the label of the update it copies.
+        self._set(labels[np.searchsorted(distinct, owner)], nearest, cut)
         return self
 
-    def _gap_cut(self, matrix: np.ndarray) -> float:
-        """The cut inside the largest jump of merge heights, or inf when none is large enough."""
+    def _gap_cut(self, matrix: np.ndarray, nearest: float) -> float:
+        """The cut inside the largest jump of merge heights above the noise floor, or inf.
+
+        Only jumps whose lower merge lies at or above ``nearest / min_gap`` count:
+        merges inside a group reach at least the distance at which a typical
+        update finds its nearest neighbour, so a merge a whole gap below it joins
+        two unusually close updates of one group, not the top of a group.
+        """
         if matrix.shape[0] < 3:
             return float("inf")
         tree = AgglomerativeClustering(
@@ -172,14 +239,31 @@ class UpdateHierarchy:
         ).fit(matrix)
         heights = np.sort(tree.distances_)
         low, high = heights[:-1], heights[1:]
-        # A jump from height 0 (identical updates) to any distance is infinite.
-        jumps = np.divide(high, low, out=np.full_like(high, np.inf), where=low > 0)
-        jumps[(low == 0) & (high == 0)] = 1.0
+        above = low >= nearest / self.min_gap
+        # The floor is > 0 (the updates are distinct): every counted ratio is finite.
+        jumps = np.divide(high, low, out=np.ones_like(high), where=above)
         i = int(np.argmax(jumps))
         self.max_gap_ = float(jumps[i])
         if jumps[i] < self.min_gap:
             return float("inf")
-        return float(np.sqrt(low[i] * high[i])) if low[i] > 0 else float(high[i] / 2)
+        return float(np.sqrt(low[i] * high[i]))
+
+    def describe_cut(self) -> str:
+        """What the last :meth:`fit` compared to place its cut, in words for a log."""
+        if self.threshold == "gap":
+            n = self.num_points_ - self.num_distinct_
+            copies = f"{n} cop{'y' if n == 1 else 'ies'} counted once; " if n else ""
+            if np.isnan(self.max_gap_):
+                return f"{copies}fewer than 3 distinct updates: one cluster"
+            found = self.max_gap_ >= self.min_gap
+            return (f"{copies}largest jump of merge heights above the noise floor "
+                    f"{self.max_gap_:.3g} "
+                    f"{'>=' if found else '<'} min gap {self.min_gap:.3g}: "
+                    + (f"cut at {self.threshold_:.4g}" if found else "no cut, one cluster"))
+        if self.threshold == "relative":
+            return (f"cut at {self.distance_ratio:.3g} x median nearest distance "
+                    f"{self.nearest_distance_:.4g} = {self.threshold_:.4g}")
+        return f"cut at distance {self.threshold_:.4g}"
 
     def fit_predict(self, points: np.ndarray) -> np.ndarray:
         """Cluster ``points`` and return ``labels_``."""
@@ -192,5 +276,6 @@ class UpdateHierarchy:
         order = np.argsort(np.argsort(first))
         self.labels_ = order[inverse.ravel()].astype(np.int64)
         self.num_clusters_ = int(first.size)
+        self.num_points_ = int(labels.size)
         self.threshold_ = float(cut)
         self.nearest_distance_ = float(nearest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 
 from fl_clusters.clustering.similarity import _finite_matrix
@@ -26,11 +27,11 @@ def weighted_kmeans(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lloyd's iterations of data-size-weighted k-means started from given centres.
 
-    WeCFL's cluster step after the first round: the centres are the current
-    cluster models, so cluster j stays cluster j (no label switching between
-    rounds). A cluster that no point chooses keeps its centre, where sklearn's
-    KMeans would move it onto a far point: a cluster whose members were simply
-    not sampled this round must keep its model and its members.
+    Started from the current cluster models, cluster j stays cluster j (no
+    label switching between rounds); :func:`recluster_kmeans` uses it when too
+    few distinct models arrive for a fresh k-means. A cluster that no point
+    chooses keeps its centre, where sklearn's KMeans would move it onto a far
+    point.
 
     Parameters
     ----------
@@ -63,11 +64,7 @@ def weighted_kmeans(
         raise ValueError(f"max_iter={max_iter} is outside [1, inf)")
     labels = np.full(matrix.shape[0], -1, dtype=np.int64)
     for _ in range(max_iter):
-        # ||x - c||^2 without the (N, k, D) difference tensor: D is a model's size.
-        distances = (
-            (matrix**2).sum(axis=1)[:, None] - 2.0 * matrix @ table.T + (table**2).sum(axis=1)
-        )
-        new = np.argmin(distances, axis=1).astype(np.int64)
+        new = np.argmin(_squared_distances(matrix, table), axis=1).astype(np.int64)
         if np.array_equal(new, labels):
             break
         labels = new
@@ -116,3 +113,82 @@ def initial_kmeans(
         raise ValueError(f"n_init={n_init} is outside [1, inf)")
     kmeans = KMeans(num_clusters, n_init=n_init, random_state=seed)
     return kmeans.fit_predict(matrix, sample_weight=sizes).astype(np.int64)
+
+
+def _squared_distances(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    # ||x - c||^2 without the (N, k, D) difference tensor: D is a model's size.
+    return (points**2).sum(axis=1)[:, None] - 2.0 * points @ centers.T + (centers**2).sum(axis=1)
+
+
+def match_to_previous(centers: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """The previous cluster each new cluster continues: nearest centres, one to one.
+
+    k-means numbers its clusters arbitrarily; matching the new centres to the
+    cluster models they were trained from (Hungarian algorithm on squared
+    distances) keeps every cluster model's identity across rounds, so a
+    relabelling is not a move.
+
+    Parameters
+    ----------
+    centers : np.ndarray
+        (k, D) new centres.
+    previous : np.ndarray
+        (k, D) previous centres (the cluster models).
+
+    Returns
+    -------
+    np.ndarray
+        (k,) int: new cluster j continues previous cluster ``match[j]``.
+    """
+    new = _finite_matrix("centers", centers).astype(np.float64)
+    old = _finite_matrix("previous", previous).astype(np.float64)
+    if new.shape != old.shape:
+        raise ValueError(f"centers {new.shape} and previous {old.shape} must have one shape")
+    rows, cols = linear_sum_assignment(_squared_distances(new, old))
+    match = np.empty(new.shape[0], dtype=np.int64)
+    match[rows] = cols
+    return match
+
+
+def recluster_kmeans(
+    points: np.ndarray, weights: np.ndarray, previous: np.ndarray, n_init: int = 10,
+    seed: int = 0,
+) -> np.ndarray:
+    """WeCFL's cluster step after the first round: a fresh weighted k-means, matched.
+
+    The authors re-run k-means over the client models every round, so a client
+    whose model drifts to another group moves there. The fresh clusters are
+    matched to the previous cluster models (:func:`match_to_previous`), so
+    cluster j stays the cluster that model j serves. With fewer distinct points
+    than clusters a fresh k-means cannot fill every cluster: Lloyd's iterations
+    from the previous centres (:func:`weighted_kmeans`) place the points instead.
+
+    Parameters
+    ----------
+    points : np.ndarray
+        (N, D) finite points (flattened client models).
+    weights : np.ndarray
+        (N,) data sizes, > 0.
+    previous : np.ndarray
+        (k, D) the current cluster models.
+    n_init : int (default: 10)
+        k-means++ starts, >= 1.
+    seed : int (default: 0)
+        Seed of the starts.
+
+    Returns
+    -------
+    np.ndarray
+        (N,) int labels in [0, k - 1], numbered as ``previous``.
+    """
+    matrix = _finite_matrix("points", points).astype(np.float64)
+    sizes = _check_weights(weights, matrix.shape[0])
+    old = _finite_matrix("previous", previous).astype(np.float64)
+    k = old.shape[0]
+    if np.unique(matrix, axis=0).shape[0] < k:
+        return weighted_kmeans(matrix, sizes, old)[0]
+    labels = initial_kmeans(matrix, sizes, k, n_init, seed)
+    centers = np.stack([
+        np.average(matrix[labels == j], axis=0, weights=sizes[labels == j]) for j in range(k)
+    ])
+    return match_to_previous(centers, old)[labels]

@@ -20,6 +20,7 @@ from fl_clusters.clustering import (
     update_norms,
 )
 from fl_clusters.strategies.base import HardClusteredStrategy
+from fl_clusters.strategies.params import check_param
 
 
 class ACFL(HardClusteredStrategy):
@@ -157,34 +158,18 @@ class ACFL(HardClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if not np.isfinite(beta):
-            raise ValueError(f"beta={beta} must be a finite number")
-        if max_rejections < 1:
-            raise ValueError(f"max_rejections={max_rejections} must be >= 1")
-        if gate not in ("relative", "absolute"):
-            raise ValueError(f"gate={gate!r} is unknown; allowed: relative, absolute")
-        if converge_window < 1 or not 0.0 < converge_tolerance < 1.0:
-            raise ValueError(
-                f"converge_window={converge_window} must be >= 1 and converge_tolerance="
-                f"{converge_tolerance} in (0, 1) (run-config 'acfl-converge-window', "
-                "'acfl-converge-tolerance')"
-            )
-        if not (mean_norm_max >= 0.0 and max_norm_min >= 0.0):
-            raise ValueError(
-                f"mean_norm_max={mean_norm_max} and max_norm_min={max_norm_min} must be >= 0"
-            )
-        if incentive_threshold not in INCENTIVE_THRESHOLDS:
-            raise ValueError(
-                f"incentive_threshold={incentive_threshold!r} is unknown; allowed: "
-                f"{', '.join(INCENTIVE_THRESHOLDS)} (run-config 'acfl-incentive-threshold')"
-            )
-        if not (np.isfinite(noise_z) and noise_z >= 0.0):
-            raise ValueError(f"noise_z={noise_z} must be a finite number >= 0 "
-                             "(run-config 'acfl-noise-z')")
-        if phase1_rounds < 1 or trial_epochs < 1:
-            raise ValueError(
-                f"phase1_rounds={phase1_rounds} and trial_epochs={trial_epochs} must be >= 1"
-            )
+        check_param("beta", beta, "float")
+        check_param("max_rejections", max_rejections, "int", low=1)
+        check_param("gate", gate, "str", choices=("relative", "absolute"))
+        check_param("converge_window", converge_window, "int", low=1)
+        check_param("converge_tolerance", converge_tolerance, "float", above=0.0, below=1.0)
+        check_param("mean_norm_max", mean_norm_max, "float", low=0.0)
+        check_param("max_norm_min", max_norm_min, "float", low=0.0)
+        check_param("phase1_rounds", phase1_rounds, "int", low=1)
+        check_param("trial_epochs", trial_epochs, "int", low=1)
+        check_param("incentive_threshold", incentive_threshold, "str",
+                    choices=INCENTIVE_THRESHOLDS)
+        check_param("noise_z", noise_z, "float", low=0.0)
         self.beta = beta
         self.max_rejections = max_rejections
         self.gate = gate
@@ -252,12 +237,35 @@ class ACFL(HardClusteredStrategy):
             else:
                 converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
             self._clustering_due = converged or server_round >= self.phase1_rounds
-            log(INFO, "round %d: ACFL phase 1 (%s gate): mean update norm %.4f, max %.4f, "
-                "converged: %s%s", server_round, self.gate, mean_norm, max_norm, converged,
-                "; clustering next round" if self._clustering_due else "")
+            outcome = (
+                "converged: clustering next round" if converged
+                else f"phase 1 ends at round {self.phase1_rounds}: clustering next round"
+                if self._clustering_due
+                else f"not converged: phase 1 goes on (at most to round {self.phase1_rounds})"
+            )
+            log(INFO, "ACFL round %d gate: %s; %s", server_round,
+                self._gate_text(mean_norm, max_norm), outcome)
             metrics["mean-update-norm"] = mean_norm
             metrics["max-update-norm"] = max_norm
         return packed, metrics
+
+    def _gate_text(self, mean_norm: float, max_norm: float) -> str:
+        """What phase 1's convergence test compared this round, in words for the log."""
+        if self.gate == "absolute":
+            return (f"mean update norm {mean_norm:.4g} "
+                    f"{'<' if mean_norm < self.mean_norm_max else '>='} {self.mean_norm_max:.4g}, "
+                    f"max {max_norm:.4g} {'>' if max_norm > self.max_norm_min else '<='} "
+                    f"{self.max_norm_min:.4g}")
+        norms, window = self._phase1_norms, self.converge_window
+        if len(norms) < 2 * window:
+            return (f"mean update norm {mean_norm:.4g}; {len(norms)} of the {2 * window} "
+                    "rounds of norms the test compares")
+        recent, before = np.mean(norms[-window:]), np.mean(norms[-2 * window:-window])
+        change = abs(recent - before) / before if before > 0 else np.inf
+        return (f"mean update norm of the last {window} rounds {recent:.4g} against "
+                f"{before:.4g} before: change {change:.1%} "
+                f"{'<=' if change <= self.converge_tolerance else '>'} "
+                f"{self.converge_tolerance:.0%}")
 
     # ------------------------------------------------------------------ phase 2
     def cluster(

@@ -22,6 +22,8 @@ from fl_clusters.clustering import (
     model_updates,
     weighted_average,
 )
+from fl_clusters.handshake import identify_nodes
+from fl_clusters.strategies.params import check_param
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
@@ -51,6 +53,37 @@ def per_cluster_evaluate(evaluate_fn: EvaluateFn) -> EvaluateFn:
 TRAINING_STAGES = ("aggregate_train", "ifca warm start", "fedsoft warm start")
 
 
+def describe_steps_done(replies: Sequence[Message], asked: int | None) -> str:
+    """What the nodes' training did, from their replies' ``local-steps-done``.
+
+    A node that runs its own ``train()`` (``ClusteredClient``) takes the steps its
+    loop takes, whatever the server asked; the log must say what happened.
+
+    Parameters
+    ----------
+    replies : Sequence[Message]
+        Valid training replies.
+    asked : int | None
+        The ``local-steps`` the server sent (``None`` or 0: it left the number
+        to the node's epochs).
+
+    Returns
+    -------
+    str
+        E.g. ``"clients ran 13-13 local steps (asked 100)"``; nodes that did not
+        report their steps are counted.
+    """
+    done = [int(m.content.metric_records[p.METRICS][p.M_STEPS_DONE])  # type: ignore[arg-type]
+            for m in replies if p.M_STEPS_DONE in m.content.metric_records[p.METRICS]]
+    request = f"asked {asked}" if asked else "asked for local epochs"
+    text = (f"clients ran {min(done)}-{max(done)} local steps ({request})" if done
+            else f"clients did not report their local steps ({request})")
+    missing = len(replies) - len(done)
+    if done and missing:
+        text += f"; {missing} of {len(replies)} did not report theirs"
+    return text
+
+
 def key_order(keys: Mapping[int, int | None], node: int) -> tuple[int, int, int]:
     """Sort key of ``node``: its handshake key, then (for nodes without one) its id.
 
@@ -68,20 +101,11 @@ def key_order(keys: Mapping[int, int | None], node: int) -> tuple[int, int, int]
 def ask_node_keys(
     grid: Grid, nodes: Iterable[int], timeout: float | None
 ) -> tuple[dict[int, int | None], int]:
-    """Ask ``nodes`` for their stable key (``query.identity``), waiting at most ``timeout``.
+    """Ask ``nodes`` for their stable key (:func:`~fl_clusters.handshake.identify_nodes`).
 
     A node whose app has no identity handler, or that answers with no whole
     ``node-key`` >= 0, is logged once and gets ``None``: it is ordered after the
-    keyed nodes by its (random) id.
-
-    Parameters
-    ----------
-    grid : Grid
-        The grid to ask through.
-    nodes : Iterable[int]
-        Node ids to ask.
-    timeout : float | None
-        Seconds to wait for the replies.
+    keyed nodes by its (random) id. The parameters are ``identify_nodes``'s.
 
     Returns
     -------
@@ -89,30 +113,45 @@ def ask_node_keys(
         ``(keys, rejected)``: node id -> key (``None`` without one), and the
         number of replies that were errors or malformed.
     """
-    nodes = list(nodes)
-    rejected = 0
-    queries = [
-        Message(content=RecordDict({p.CONFIG: ConfigRecord()}), dst_node_id=node,
-                message_type=p.QUERY_IDENTITY)
-        for node in nodes
-    ]
-    keys: dict[int, int | None] = dict.fromkeys(nodes)
-    field = p.MetricField(integer=True, low=0.0)
-    for msg in grid.send_and_receive(queries, timeout=timeout):
-        node = msg.metadata.src_node_id
-        metrics = None if msg.has_error() else msg.content.metric_records.get(p.METRICS)
-        problem = (
-            f"client error ({msg.error.reason})" if msg.has_error()
-            else f"no '{p.METRICS}' record" if metrics is None
-            else p.field_problem(metrics, p.M_NODE_KEY, field)
-        )
-        if problem is None:
-            keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
-        else:
-            rejected += 1
-            log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
-                "random node id, so runs with it may not repeat", node, problem)
-    return keys, rejected
+    found = identify_nodes(grid, nodes, timeout)
+    log_identity_problems(found.problems)
+    return found.keys, len(found.problems)
+
+
+def log_identity_problems(problems: Mapping[int, str]) -> None:
+    """Log every node that gave no stable key, and why."""
+    for node, problem in sorted(problems.items()):
+        log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
+            "random node id, so runs with it may not repeat", node, problem)
+
+
+def kmeans_start_problem(
+    name: str, num_nodes: int, fraction: float, num_clusters: int, fix: str
+) -> str | None:
+    """Why a warm start that clusters one local model per node cannot run, or ``None``.
+
+    Parameters
+    ----------
+    name : str
+        The strategy's name, for the message.
+    num_nodes : int
+        Connected nodes.
+    fraction : float
+        The share of them the warm start samples.
+    num_clusters : int
+        Clusters k-means must find (one local model each at least).
+    fix : str
+        The strategy's own way out (e.g. its random initialisation's key).
+    """
+    sampled = max(1, round(num_nodes * fraction))
+    if sampled >= num_clusters:
+        return None
+    return (
+        f"{name} needs at least {num_clusters} nodes in its first training round (k-means "
+        f"groups one local model per node into {num_clusters} clusters), but the federation "
+        f"has {num_nodes} node(s) and the round samples {sampled}. Fix: run more nodes "
+        f"(flwr run . --federation-config \"num-supernodes=20\"), lower num-clusters, or {fix}"
+    )
 
 
 class ClusteredStrategy(Strategy):
@@ -171,27 +210,22 @@ class ClusteredStrategy(Strategy):
         for name, value in (("fraction_train", fraction_train),
                             ("fraction_evaluate", fraction_evaluate),
                             ("awcfl_beta", awcfl_beta)):
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}={value} is outside [0, 1]")
-        if min_available_nodes < 1:
-            raise ValueError(f"min_available_nodes={min_available_nodes} must be >= 1")
-        if mcfl_feature_samples < 1:
-            raise ValueError(
-                f"mcfl_feature_samples={mcfl_feature_samples} must be >= 1 "
-                "(run-config key 'mcfl-feature-samples')"
-            )
+            check_param(name, value, "float", low=0.0, high=1.0)
+        check_param("min_available_nodes", min_available_nodes, "int", low=1)
+        check_param("mcfl", mcfl, "bool")
+        check_param("mcfl_feature_samples", mcfl_feature_samples, "int", low=1)
+        check_param("max_failed_rounds", max_failed_rounds, "int", low=1)
+        check_param("seed", seed, "int", low=0)
         self.fraction_train = fraction_train
         self.fraction_evaluate = fraction_evaluate
         self.min_available_nodes = min_available_nodes
         self.awcfl_beta = awcfl_beta
         self.mcfl = mcfl
-        if max_failed_rounds < 1:
-            raise ValueError(
-                f"max_failed_rounds={max_failed_rounds} must be >= 1 "
-                "(run-config key 'max-failed-rounds')"
-            )
         self.mcfl_feature_samples = mcfl_feature_samples
         self.max_failed_rounds = max_failed_rounds
+        # Set by the registry when the run config built the strategy: error
+        # messages then name run-config keys instead of constructor arguments.
+        self.from_run_config = False
         self.failed_rounds = 0
         self.seed = seed
         self.round_timeout = 3600.0
@@ -211,6 +245,15 @@ class ClusteredStrategy(Strategy):
         self.cluster_accuracy_history: dict[int, dict[int, float]] = {}
 
     # ------------------------------------------------------------------ helpers
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """Why the strategy cannot run on ``num_nodes`` connected nodes, or ``None``.
+
+        fl-clusters' ServerApp asks before round 1, so that such a run stops with
+        the fix instead of failing inside a round. Strategies whose first round
+        needs more than one node override it.
+        """
+        return None
+
     def assignment_for(self, node_id: int) -> int | None:
         """Cluster of ``node_id`` decided by the server, or ``None`` if the node decides."""
         return self.assignments.get(node_id)
@@ -320,12 +363,14 @@ class ClusteredStrategy(Strategy):
         log(WARNING, "%s: no valid reply (%d of %d training rounds in a row allowed)",
             stage, self.failed_rounds, self.max_failed_rounds)
         if self.failed_rounds >= self.max_failed_rounds:
+            limit = ("run-config key 'max-failed-rounds'" if self.from_run_config
+                     else f"the constructor argument max_failed_rounds={self.max_failed_rounds}")
             shown = "; ".join(reasons[:10]) or "no node answered (none sampled or all timed out)"
             more = f" (+{len(reasons) - 10} more)" if len(reasons) > 10 else ""
             raise RuntimeError(
                 f"{self.failed_rounds} training rounds in a row without one valid reply, so no "
                 f"model was trained; the clients said: {shown}{more}. Fix the failing "
-                f"ClientApps (or raise run-config key 'max-failed-rounds')"
+                f"ClientApps (or raise {limit})"
             )
 
     @staticmethod

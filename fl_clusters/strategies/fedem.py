@@ -13,8 +13,13 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import group_by_kmeans
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.base import (
+    ClusteredStrategy,
+    describe_steps_done,
+    kmeans_start_problem,
+)
 from fl_clusters.strategies.ifca import IFCA
+from fl_clusters.strategies.params import check_param
 
 FEDEM_INITS = ("local-kmeans", "random")
 
@@ -40,7 +45,10 @@ class FedEM(ClusteredStrategy):
 
     The paper starts the components as independent random draws
     (``init="random"``; M copies of one model would get equal responsibilities
-    for every sample and never become different). From random draws every
+    for every sample and never become different): component 0 is the plain
+    ``initial_arrays`` as given (a freshly initialized model is such a draw; a
+    pretrained one is kept), components 1..M-1 are drawn at its scale. Packed
+    ``initial_arrays`` (M components) are used as they are. From random draws every
     component fits every source about equally, the first responsibilities carry
     no information, and the component that learns fastest takes every sample: on
     a label-permutation mixture of digits the second component's weight fell to
@@ -52,7 +60,7 @@ class FedEM(ClusteredStrategy):
 
     Parameters
     ----------
-    num_components : int (default: 3)
+    num_clusters : int (default: 3)
         M, the number of shared components (the paper's default is 3), >= 2.
     init : str (default: "local-kmeans")
         How the M components start: ``"random"`` (the paper's independent
@@ -68,7 +76,7 @@ class FedEM(ClusteredStrategy):
 
     def __init__(
         self,
-        num_components: int = 3,
+        num_clusters: int = 3,
         *,
         init: str = "local-kmeans",
         init_steps: int = 100,
@@ -85,24 +93,11 @@ class FedEM(ClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if isinstance(num_components, bool) or not isinstance(num_components, int) or (
-            num_components < 2
-        ):
-            raise ValueError(
-                f"FedEM num_components={num_components!r} is invalid; allowed: an int >= 2 "
-                "(run-config key 'num-clusters'); one component is FedAvg"
-            )
-        if init not in FEDEM_INITS:
-            raise ValueError(
-                f"FedEM init={init!r} is invalid; allowed: {', '.join(FEDEM_INITS)} "
-                "(run-config key 'fedem-init')"
-            )
-        if isinstance(init_steps, bool) or not isinstance(init_steps, int) or init_steps < 1:
-            raise ValueError(
-                f"FedEM init_steps={init_steps!r} is invalid; allowed: an int >= 1 "
-                "(run-config key 'fedem-init-steps')"
-            )
-        self.num_components = num_components
+        # One component is FedAvg.
+        check_param("num_clusters", num_clusters, "int", low=2)
+        check_param("init", init, "str", choices=FEDEM_INITS)
+        check_param("init_steps", init_steps, "int", low=1)
+        self.num_clusters = num_clusters
         self.init = init
         self.init_steps = init_steps
         self.warm_start_groups: dict[int, int] = {}
@@ -111,17 +106,24 @@ class FedEM(ClusteredStrategy):
         self._current = ArrayRecord()
 
     def initialize(self, model: ArrayRecord) -> ArrayRecord:
-        """Pack M components drawn independently at the scale of ``model``."""
+        """Pack ``model`` (the user's ``initial_arrays``) and M - 1 independent draws at its scale.
+
+        The paper draws the M components independently; a freshly initialized
+        ``model`` is one such draw, so keeping it as component 0 changes nothing
+        there, and a user's pretrained model is not thrown away.
+        """
         rng = np.random.default_rng(self.seed)
-        return p.pack_clusters([p.random_like(model, rng) for _ in range(self.num_components)])
+        return p.pack_clusters(
+            [model, *(p.random_like(model, rng) for _ in range(self.num_clusters - 1))]
+        )
 
     def _components(self, arrays: ArrayRecord) -> ArrayRecord:
         if not p.is_packed(arrays):
             return self.initialize(arrays)
-        if p.num_packed_clusters(arrays) != self.num_components:
+        if p.num_packed_clusters(arrays) != self.num_clusters:
             raise ValueError(
                 f"initial_arrays pack {p.num_packed_clusters(arrays)} components but "
-                f"num_components={self.num_components}; pass a plain model or M packed ones"
+                f"num_clusters={self.num_clusters}; pass a plain model or M packed ones"
             )
         return arrays
 
@@ -147,7 +149,7 @@ class FedEM(ClusteredStrategy):
             return self._configure_warm_start(server_round, arrays, config, nodes)
         self._current = self._components(arrays)
         log(INFO, "configure_train: %d nodes train all %d components", len(nodes),
-            self.num_components)
+            self.num_clusters)
         return self._messages(server_round, self._current, config, nodes, MessageType.TRAIN)
 
     def _mixture_problem(self, msg: Message) -> str | None:
@@ -155,13 +157,13 @@ class FedEM(ClusteredStrategy):
         pi = msg.content.metric_records[p.METRICS].get(p.M_MIXTURE_WEIGHTS)
         values = np.asarray(pi if isinstance(pi, list) else [], dtype=np.float64)
         if (
-            values.shape != (self.num_components,)
+            values.shape != (self.num_clusters,)
             or not np.all(np.isfinite(values))
             or np.any(values < 0)
             or not np.isclose(values.sum(), 1.0, atol=1e-3)
         ):
             return (
-                f"'{p.M_MIXTURE_WEIGHTS}' must hold {self.num_components} non-negative "
+                f"'{p.M_MIXTURE_WEIGHTS}' must hold {self.num_clusters} non-negative "
                 f"weights summing to 1, got {pi!r}"
             )
         return None
@@ -204,6 +206,14 @@ class FedEM(ClusteredStrategy):
         return self.average_models(valid), metrics
 
     # --------------------------------------------------------------- warm start
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """The k-means warm start needs a local model per component in round 1."""
+        if self.init != "local-kmeans":
+            return None
+        return kmeans_start_problem(
+            "FedEM", num_nodes, self.fraction_train, self.num_clusters, "set fedem-init='random'"
+        )
+
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, nodes: list[int]
     ) -> list[Message]:
@@ -214,8 +224,8 @@ class FedEM(ClusteredStrategy):
         node_config[p.CFG_ROUND] = server_round
         node_config[p.CFG_STEPS] = self.init_steps
         record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
-        log(INFO, "configure_train: FedEM warm start, %d nodes train the initial model for "
-            "%d local steps", len(nodes), self.init_steps)
+        log(INFO, "configure_train: FedEM warm start, %d nodes train the initial model "
+            "(asked for %d local steps)", len(nodes), self.init_steps)
         return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
 
     def _aggregate_warm_start(
@@ -231,19 +241,19 @@ class FedEM(ClusteredStrategy):
             # The result stays the plain model, so the next round warm-starts again
             # (the base class stops the run after max_failed_rounds such rounds).
             return None, None
-        if len(valid) < self.num_components:
+        if len(valid) < self.num_clusters:
             # A round that lost most replies must not end the run: try again next round.
             log(WARNING, "round %d: FedEM warm start: %d valid local models for %d components; "
                 "the warm start is repeated next round (if this persists: sample more nodes, "
                 "fix the failing nodes, or use fedem-init='random')", server_round, len(valid),
-                self.num_components)
+                self.num_clusters)
             return None, None
         # The output layer's updates, as IFCA's warm start groups them.
         groups = group_by_kmeans(
-            IFCA._init_features(valid, model), self.num_components, self.seed
+            IFCA._init_features(valid, model), self.num_clusters, self.seed
         )
         members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
-                   for j in range(self.num_components)]
+                   for j in range(self.num_clusters)]
         rng = np.random.default_rng(self.seed)
         # A group k-means left empty (identical updates) starts from a random draw.
         components = [self.average_models(group) if group else p.random_like(model, rng)
@@ -253,8 +263,9 @@ class FedEM(ClusteredStrategy):
         }
         # The hard view until the nodes report their first pi.
         self.assignments.update(self.warm_start_groups)
-        sizes = np.bincount(groups, minlength=self.num_components).astype(int).tolist()
-        log(INFO, "round %d: FedEM warm start: k-means groups of sizes %s", server_round, sizes)
+        sizes = np.bincount(groups, minlength=self.num_clusters).astype(int).tolist()
+        log(INFO, "round %d: FedEM warm start: %s; k-means groups of sizes %s", server_round,
+            describe_steps_done(valid, self.init_steps), sizes)
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
         metrics = MetricRecord(
             {p.M_TRAIN_LOSS: float(np.mean(losses)), "num-trained": len(valid),
@@ -273,9 +284,14 @@ class FedEM(ClusteredStrategy):
         return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
 
     def summary_fields(self) -> dict[str, Any]:
-        """M, the start, warm-start groups and pi per node (from its last training round)."""
+        """M, the start, warm-start groups, pi per node and FedEM's own clustering.
+
+        ``mixture_clusters`` is the hard clustering FedEM itself arrives at, argmax
+        pi per node (from its last training round), beside the warm start's
+        k-means ``warm_start_groups``.
+        """
         return {
-            "num_components": self.num_components,
+            "num_clusters": self.num_clusters,
             "init": self.init,
             "warm_start_groups": {
                 str(node): group for node, group in sorted(self.warm_start_groups.items())
@@ -283,10 +299,13 @@ class FedEM(ClusteredStrategy):
             "mixture_weights": {
                 str(node): pi.tolist() for node, pi in sorted(self.mixture_weights.items())
             },
+            "mixture_clusters": {
+                str(node): int(np.argmax(pi)) for node, pi in sorted(self.mixture_weights.items())
+            },
         }
 
     def summary(self) -> None:
         """Log FedEM's settings."""
-        log(INFO, "\t├──> FedEM: M=%d components | init=%s (%d steps)", self.num_components,
+        log(INFO, "\t├──> FedEM: M=%d components | init=%s (%d steps)", self.num_clusters,
             self.init, self.init_steps)
         super().summary()

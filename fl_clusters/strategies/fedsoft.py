@@ -21,7 +21,12 @@ from fl_clusters.clustering import (
     selection_probabilities,
     weighted_average,
 )
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.base import (
+    ClusteredStrategy,
+    describe_steps_done,
+    kmeans_start_problem,
+)
+from fl_clusters.strategies.params import check_param
 
 FEDSOFT_INITS = ("random", "local-kmeans")
 
@@ -106,17 +111,12 @@ class FedSoft(ClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        checks = (
-            ("num_clusters", num_clusters, num_clusters >= 1, ">= 1"),
-            ("tau", tau, tau >= 1, ">= 1"),
-            ("sigma", sigma, 0.0 <= sigma <= 1.0, "in [0, 1]"),
-            ("clients_per_cluster", clients_per_cluster, clients_per_cluster >= 1, ">= 1"),
-            ("proximal_lambda", proximal_lambda, proximal_lambda >= 0.0, ">= 0"),
-            ("init", init, init in FEDSOFT_INITS, " or ".join(FEDSOFT_INITS)),
-        )
-        for name, value, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"FedSoft {name}={value} is invalid; allowed: {allowed}")
+        check_param("num_clusters", num_clusters, "int", low=1)
+        check_param("tau", tau, "int", low=1)
+        check_param("sigma", sigma, "float", low=0.0, high=1.0)
+        check_param("clients_per_cluster", clients_per_cluster, "int", low=1)
+        check_param("proximal_lambda", proximal_lambda, "float", low=0.0)
+        check_param("init", init, "str", choices=FEDSOFT_INITS)
         self.num_clusters = num_clusters
         self.tau = tau
         self.sigma = sigma
@@ -125,6 +125,7 @@ class FedSoft(ClusteredStrategy):
         self.init = init
         self.warm_start_groups: dict[int, int] = {}
         self._warm_start_round: int | None = None
+        self._warm_start_steps = 0  # local-steps the warm start asked for (0: epochs)
         self.importance: dict[int, np.ndarray] = {}
         self.num_train_examples: dict[int, float] = {}
         self.estimate_rounds: list[int] = []
@@ -291,6 +292,14 @@ class FedSoft(ClusteredStrategy):
         return p.pack_clusters(new_models), metrics
 
     # --------------------------------------------------------------- warm start
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """The k-means warm start needs a node per cluster in round 1 (all nodes train)."""
+        if self.init != "local-kmeans":
+            return None
+        return kmeans_start_problem(
+            "FedSoft", num_nodes, 1.0, self.num_clusters, "set fedsoft-init='random'"
+        )
+
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
@@ -303,6 +312,7 @@ class FedSoft(ClusteredStrategy):
         messages = self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
         self._current = model
         self._warm_start_round = server_round
+        self._warm_start_steps = int(config.get(p.CFG_STEPS, 0))  # type: ignore[arg-type]
         self.train_tasks[server_round] = dict(Counter(m.metadata.dst_node_id for m in messages))
         log(INFO, "configure_train: warm start, %d nodes train their own model once",
             len(messages))
@@ -334,7 +344,8 @@ class FedSoft(ClusteredStrategy):
         # The hard view until the first importance estimate replaces it.
         self.assignments.update(self.warm_start_groups)
         sizes = np.bincount(groups, minlength=self.num_clusters).tolist()
-        log(INFO, "round %d: FedSoft warm start: k-means groups of sizes %s", server_round, sizes)
+        log(INFO, "round %d: FedSoft warm start: %s; k-means groups of sizes %s", server_round,
+            describe_steps_done(valid, self._warm_start_steps), sizes)
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
         metrics = MetricRecord(
             {

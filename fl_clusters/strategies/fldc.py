@@ -17,6 +17,7 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.params import check_param
 
 K_DISTANCE_PLOT = "k_distance.png"
 
@@ -103,20 +104,11 @@ class FLDC(ClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if min_pts < 2:
-            raise ValueError(f"min_pts={min_pts} must be >= 2 (run-config key 'fldc-min-pts')")
-        if eps is not None and not eps > 0.0:
-            raise ValueError(
-                f"eps={eps} must be > 0, or None for the k-distance knee (run-config key "
-                "'fldc-eps', where 0 means the knee)"
-            )
-        if eps_method not in EPS_METHODS:
-            raise ValueError(
-                f"eps_method={eps_method!r} is not one of {EPS_METHODS} "
-                "(run-config key 'fldc-eps-method')"
-            )
-        if not 0.0 < r <= 1.0:
-            raise ValueError(f"r={r} is outside (0, 1] (run-config key 'fldc-r')")
+        check_param("min_pts", min_pts, "int", low=2)
+        # None: eps is read off the k-distance curve by eps_method.
+        check_param("eps", eps, "float", above=0.0, allow_none=True)
+        check_param("eps_method", eps_method, "str", choices=EPS_METHODS)
+        check_param("r", r, "float", above=0.0, high=1.0)
         self.min_pts = min_pts
         self.eps = eps
         self.eps_method = eps_method
@@ -175,7 +167,7 @@ class FLDC(ClusteredStrategy):
                     "clustering again next round (lower 'fldc-min-pts' or fix the failing "
                     "nodes if this persists)", server_round, len(valid), self.min_pts)
             else:
-                valid = self._cluster(valid)
+                valid = self._cluster(server_round, valid)
         if not valid:
             return None, None
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
@@ -216,7 +208,7 @@ class FLDC(ClusteredStrategy):
             log(INFO, "FLDC: node %d joined late; %s", node,
                 f"stratum {label} (nearest core point)" if label >= 0 else "noise, not sampled")
 
-    def _cluster(self, valid: list[Message]) -> list[Message]:
+    def _cluster(self, server_round: int, valid: list[Message]) -> list[Message]:
         """DBSCAN over the round-0 models; return the replies of clustered nodes."""
         names = list(self._current.keys())
         points = flatten_models(
@@ -228,10 +220,18 @@ class FLDC(ClusteredStrategy):
         self.labels = {node: int(label) for node, label in zip(nodes, self.clustering.labels_,
                                                                strict=True)}
         self._strata = {node: label for node, label in self.labels.items() if label >= 0}
-        log(INFO, "FLDC DBSCAN: eps %.4f, %d clusters %s, %d noise nodes, silhouette %.3f",
-            self.clustering.eps_, self.clustering.num_clusters_,
-            np.bincount(self.clustering.labels_[self.clustering.labels_ >= 0]).tolist(),
-            self.clustering.num_noise_, self.clustering.silhouette_)
+        found = self.clustering
+        eps_source = (
+            "given" if self.eps is not None
+            else f"{self.eps_method} of the sorted {self.min_pts - 1}-distance curve"
+        )
+        # A silhouette compares clusters with each other: none exists below two.
+        silhouette = (f"silhouette {found.silhouette_:.3f}" if found.num_clusters_ >= 2
+                      else f"no silhouette ({found.num_clusters_} cluster, it needs 2)")
+        log(INFO, "FLDC round %d DBSCAN: eps %.4g (%s), MinPts %d: %d clusters %s, %d noise "
+            "nodes, %s", server_round, found.eps_, eps_source, self.min_pts,
+            found.num_clusters_, np.bincount(found.labels_[found.labels_ >= 0]).tolist(),
+            found.num_noise_, silhouette)
         if not self._strata:
             # No dense region at all: excluding everyone would stop training, so the
             # nodes form one stratum and FLDC samples like FedAvg.

@@ -12,7 +12,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters.clustering import UpdateHierarchy
+from fl_clusters.clustering.hierarchical import DISTANCES, LINKAGES, THRESHOLDS
 from fl_clusters.strategies.base import HardClusteredStrategy
+from fl_clusters.strategies.params import check_param
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -30,9 +32,16 @@ class FLHC(HardClusteredStrategy):
     mean of its members' models and then runs its own FedAvg.
 
     A node that did not train in the clustering round (not sampled, failed, or
-    joined later) has no cluster: whenever it is sampled it receives every
-    cluster model and trains (and is evaluated with) the one of lowest loss on
-    its own training split; that choice places it in the cluster for good.
+    joined later) has no cluster. The first time it is sampled it trains once
+    from the model the clustered updates started from, and joins the cluster
+    whose mean update is nearest to its own update under ``metric``
+    (:meth:`~fl_clusters.strategies.base.HardClusteredStrategy.place_by_update`),
+    for good. Only a node that does not answer that request falls back to the
+    loss: it receives every cluster model and trains the one of lowest loss on
+    its training split, which places it.
+
+    Copies of an update (two clients with the same data and seed, a node that
+    reports twice) are clustered once (:class:`~fl_clusters.clustering.UpdateHierarchy`).
 
     Parameters
     ----------
@@ -47,6 +56,8 @@ class FLHC(HardClusteredStrategy):
         ``"gap"``: cut inside the largest jump between consecutive merge heights
         of the tree, if the higher is at least ``min_gap`` times the lower, else
         one cluster; ratios of heights hold for any model and local training.
+        Only jumps above the noise floor count (the lower merge at least the
+        median nearest-neighbour distance / ``min_gap``).
         ``"relative"``: cut at ``distance_ratio`` x the median distance from each
         update to its nearest other update. ``"absolute"``: cut at
         ``distance_threshold`` (the paper's form).
@@ -93,11 +104,13 @@ class FLHC(HardClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if warmup_rounds < 0:
-            raise ValueError(
-                f"warmup_rounds={warmup_rounds} must be >= 0 (run-config key "
-                "'flhc-warmup-rounds')"
-            )
+        check_param("warmup_rounds", warmup_rounds, "int", low=0)
+        check_param("linkage", linkage, "str", choices=LINKAGES)
+        check_param("metric", metric, "str", choices=DISTANCES)
+        check_param("threshold", threshold, "str", choices=THRESHOLDS)
+        check_param("min_gap", min_gap, "float", above=1.0)
+        check_param("distance_ratio", distance_ratio, "float", above=0.0)
+        check_param("distance_threshold", distance_threshold, "float", above=0.0)
         try:
             self.hierarchy = UpdateHierarchy(
                 linkage, metric, threshold, min_gap, distance_ratio, distance_threshold
@@ -142,6 +155,8 @@ class FLHC(HardClusteredStrategy):
             if self.clustering_round is None:
                 # A warm-up round is FedAvg: nobody belongs to a cluster yet.
                 self.assignments.clear()
+                log(INFO, "FL+HC round %d: warm-up (FedAvg); the updates are clustered in "
+                    "round %d", server_round, self.warmup_rounds + 1)
             return packed, metrics
         trained = members[0]
         updates = self.updates(trained, self._models[0])
@@ -154,12 +169,10 @@ class FLHC(HardClusteredStrategy):
         groups: dict[int, list[Message]] = {}
         for msg, label in zip(trained, labels, strict=True):
             groups.setdefault(int(label), []).append(msg)
-        log(INFO, "round %d: FL+HC clustered %d updates into %d clusters %s (%s linkage, %s "
-            "distance, %s cut %.4g; largest jump of merge heights %.3g; median nearest "
-            "distance %.4g)", server_round, len(trained), self.hierarchy.num_clusters_,
-            [len(g) for g in groups.values()], self.hierarchy.linkage, self.hierarchy.metric,
-            self.hierarchy.threshold, self.hierarchy.threshold_, self.hierarchy.max_gap_,
-            self.hierarchy.nearest_distance_)
+        log(INFO, "FL+HC round %d cut: %d updates, %s linkage, %s distance; %s: %d clusters "
+            "of sizes %s", server_round, len(trained), self.hierarchy.linkage,
+            self.hierarchy.metric, self.hierarchy.describe_cut(), self.hierarchy.num_clusters_,
+            [len(g) for g in groups.values()])
         packed, metrics = self.aggregate_clusters(
             [self._models[0]] * self.hierarchy.num_clusters_, groups
         )
@@ -178,6 +191,7 @@ class FLHC(HardClusteredStrategy):
             "distance_threshold": _finite_or_none(h.threshold_),
             "max_merge_gap": _finite_or_none(h.max_gap_),
             "median_nearest_distance": _finite_or_none(h.nearest_distance_),
+            "num_distinct_updates": h.num_distinct_,
             "num_hierarchy_clusters": self.hierarchy.num_clusters_,
             **super().summary_fields(),
         }

@@ -18,7 +18,12 @@ from fl_clusters.clustering import (
     unit_rows,
     widest_group,
 )
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.base import (
+    ClusteredStrategy,
+    describe_steps_done,
+    kmeans_start_problem,
+)
+from fl_clusters.strategies.params import check_param
 
 MODES = ("model", "gradient")
 INITS = ("local-kmeans", "random")
@@ -114,19 +119,15 @@ class IFCA(ClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if num_clusters < 1:
-            raise ValueError(f"num_clusters={num_clusters} must be >= 1")
-        for name, value, allowed in (("mode", mode, MODES), ("init", init, INITS),
-                                     ("aggregation", aggregation, AGGREGATIONS)):
-            if value not in allowed:
-                raise ValueError(f"{name}={value!r} is unknown; allowed: {', '.join(allowed)}")
-        if head_layers < 0 or restarts < 1 or reseed_after < 0 or init_steps < 1:
-            raise ValueError(
-                f"head_layers={head_layers} and reseed_after={reseed_after} must be >= 0, "
-                f"restarts={restarts} and init_steps={init_steps} >= 1"
-            )
-        if not server_lr > 0.0:
-            raise ValueError(f"server_lr={server_lr} must be > 0 (run-config 'ifca-server-lr')")
+        check_param("num_clusters", num_clusters, "int", low=1)
+        check_param("mode", mode, "str", choices=MODES)
+        check_param("server_lr", server_lr, "float", above=0.0)
+        check_param("aggregation", aggregation, "str", choices=AGGREGATIONS)
+        check_param("head_layers", head_layers, "int", low=0)
+        check_param("init", init, "str", choices=INITS)
+        check_param("restarts", restarts, "int", low=1)
+        check_param("init_steps", init_steps, "int", low=1)
+        check_param("reseed_after", reseed_after, "int", low=0)
         self.num_clusters = num_clusters
         self.mode = mode
         self.server_lr = server_lr
@@ -191,6 +192,14 @@ class IFCA(ClusteredStrategy):
     def _draw(self, model: ArrayRecord, seed: int) -> ArrayRecord:
         return p.draw_clusters(model, self.num_clusters, self.head_layers, seed)
 
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """The k-means warm start needs a local model per cluster in round 1."""
+        if self.init != "local-kmeans" or self.num_clusters == 1:
+            return None
+        return kmeans_start_problem(
+            "IFCA", num_nodes, self.fraction_train, self.num_clusters, "set ifca-init='random'"
+        )
+
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
@@ -208,8 +217,8 @@ class IFCA(ClusteredStrategy):
                 f"clusters; k-means needs one local model per cluster. Sample more nodes "
                 f"(fraction-train), add nodes, or use ifca-init='random'"
             )
-        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model for "
-            "%d local steps", len(nodes), self.init_steps)
+        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model "
+            "(asked for %d local steps)", len(nodes), self.init_steps)
         return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
 
     def _aggregate_warm_start(
@@ -257,8 +266,8 @@ class IFCA(ClusteredStrategy):
         }
         self.assignments.update(self.init_groups)
         sizes = np.bincount(groups, minlength=self.num_clusters)
-        log(INFO, "round %d: IFCA warm start: k-means groups of sizes %s", server_round,
-            sizes.tolist())
+        log(INFO, "round %d: IFCA warm start: %s; k-means groups of sizes %s", server_round,
+            describe_steps_done(valid, self.init_steps), sizes.tolist())
         losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
         metrics = MetricRecord(
             {

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from fl_clusters.strategies.acfl import ACFL
+from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.cfl import CFL
 from fl_clusters.strategies.fedem import FedEM
 from fl_clusters.strategies.fedsoft import FedSoft
@@ -15,134 +17,125 @@ from fl_clusters.strategies.fldc import FLDC
 from fl_clusters.strategies.flhc import FLHC
 from fl_clusters.strategies.ifca import IFCA
 from fl_clusters.strategies.local import LocalOnly
+from fl_clusters.strategies.params import ParamError
 from fl_clusters.strategies.wecfl import WeCFL
 
 Settings = Mapping[str, Any]
 
-
-def _common(settings: Settings) -> dict[str, Any]:
-    return {
-        "fraction_train": settings["fraction-train"],
-        "min_available_nodes": settings["min-available-nodes"],
-        "max_failed_rounds": settings["max-failed-rounds"],
-        "seed": settings["seed"],
-    }
-
-
-def _inter_cluster(settings: Settings) -> dict[str, Any]:
-    # AWCFL and MCFL apply to every hard-clustered strategy (Li and Yan 2023).
-    return {
-        "awcfl_beta": settings["awcfl-beta"],
-        "mcfl": settings["mcfl"],
-        "mcfl_feature_samples": settings["mcfl-feature-samples"],
-    }
-
-
-def _ifca(settings: Settings) -> Strategy:
-    return IFCA(
-        settings["num-clusters"],
-        mode=settings["ifca-mode"],
-        server_lr=settings["ifca-server-lr"],
-        aggregation=settings["ifca-aggregation"],
-        head_layers=settings["ifca-head-layers"],
-        init=settings["ifca-init"],
-        restarts=settings["ifca-restarts"],
-        init_steps=settings["ifca-init-steps"],
-        reseed_after=settings["ifca-reseed-after"],
-        **_inter_cluster(settings),
-        **_common(settings),
-    )
-
-
-def _cfl(settings: Settings) -> Strategy:
-    return CFL(
-        gate=settings["cfl-gate"],
-        mean_ratio=settings["cfl-mean-ratio"],
-        max_ratio=settings["cfl-max-ratio"],
-        eps1=settings["cfl-eps1"],
-        eps2=settings["cfl-eps2"],
-        split_threshold=settings["cfl-split-threshold"],
-        min_silhouette=settings["cfl-min-silhouette"],
-        warmup_rounds=settings["cfl-warmup-rounds"],
-        **_inter_cluster(settings),
-        **_common(settings),
-    )
-
-
-def _acfl(settings: Settings) -> Strategy:
-    return ACFL(
-        beta=settings["acfl-beta"],
-        max_rejections=settings["acfl-max-rejections"],
-        gate=settings["acfl-gate"],
-        converge_window=settings["acfl-converge-window"],
-        converge_tolerance=settings["acfl-converge-tolerance"],
-        mean_norm_max=settings["acfl-mean-norm-max"],
-        max_norm_min=settings["acfl-max-norm-min"],
-        phase1_rounds=settings["acfl-phase1-rounds"],
-        trial_epochs=settings["acfl-trial-epochs"],
-        incentive_threshold=settings["acfl-incentive-threshold"],
-        noise_z=settings["acfl-noise-z"],
-        **_inter_cluster(settings),
-        **_common(settings),
-    )
-
-
-def _fedsoft(settings: Settings) -> Strategy:
-    return FedSoft(
-        settings["num-clusters"],
-        tau=settings["fedsoft-tau"],
-        sigma=settings["fedsoft-sigma"],
-        clients_per_cluster=settings["fedsoft-clients-per-cluster"],
-        proximal_lambda=settings["fedsoft-lambda"],
-        init=settings["fedsoft-init"],
-        min_available_nodes=settings["min-available-nodes"],
-        max_failed_rounds=settings["max-failed-rounds"],
-        seed=settings["seed"],
-    )
-
-
-def _fldc(settings: Settings) -> Strategy:
-    return FLDC(
-        min_pts=settings["fldc-min-pts"],
-        eps=settings["fldc-eps"] or None,  # 0 = chosen by eps_method
-        eps_method=settings["fldc-eps-method"],
-        r=settings["fldc-r"],
-        min_available_nodes=settings["min-available-nodes"],
-        max_failed_rounds=settings["max-failed-rounds"],
-        seed=settings["seed"],
-    )
-
-
-def _flhc(settings: Settings) -> Strategy:
-    return FLHC(
-        warmup_rounds=settings["flhc-warmup-rounds"],
-        linkage=settings["flhc-linkage"],
-        metric=settings["flhc-metric"],
-        threshold=settings["flhc-threshold"],
-        min_gap=settings["flhc-min-gap"],
-        distance_ratio=settings["flhc-distance-ratio"],
-        distance_threshold=settings["flhc-distance-threshold"],
-        **_inter_cluster(settings),
-        **_common(settings),
-    )
+# Constructor argument -> run-config key, per strategy: what builds each strategy
+# from a run config, and what its errors name when a value is refused.
+COMMON = {
+    "fraction_train": "fraction-train",
+    # The ServerApp's settings carry run-config key 'min-nodes' under this name.
+    "min_available_nodes": "min-available-nodes",
+    "max_failed_rounds": "max-failed-rounds",
+    "seed": "seed",
+}
+# AWCFL and MCFL apply to every hard-clustered strategy (Li and Yan 2023).
+INTER_CLUSTER = {
+    "awcfl_beta": "awcfl-beta",
+    "mcfl": "mcfl",
+    "mcfl_feature_samples": "mcfl-feature-samples",
+}
+WITHOUT_FRACTION_TRAIN = {k: v for k, v in COMMON.items() if k != "fraction_train"}
+CLUSTERED: dict[str, tuple[type[ClusteredStrategy], dict[str, str]]] = {
+    "ifca": (IFCA, {
+        "num_clusters": "num-clusters",
+        "mode": "ifca-mode",
+        "server_lr": "ifca-server-lr",
+        "aggregation": "ifca-aggregation",
+        "head_layers": "ifca-head-layers",
+        "init": "ifca-init",
+        "restarts": "ifca-restarts",
+        "init_steps": "ifca-init-steps",
+        "reseed_after": "ifca-reseed-after",
+        **INTER_CLUSTER, **COMMON,
+    }),
+    "cfl": (CFL, {
+        "gate": "cfl-gate",
+        "mean_ratio": "cfl-mean-ratio",
+        "max_ratio": "cfl-max-ratio",
+        "eps1": "cfl-eps1",
+        "eps2": "cfl-eps2",
+        "split_threshold": "cfl-split-threshold",
+        "min_silhouette": "cfl-min-silhouette",
+        "warmup_rounds": "cfl-warmup-rounds",
+        **INTER_CLUSTER, **COMMON,
+    }),
+    "acfl": (ACFL, {
+        "beta": "acfl-beta",
+        "max_rejections": "acfl-max-rejections",
+        "gate": "acfl-gate",
+        "converge_window": "acfl-converge-window",
+        "converge_tolerance": "acfl-converge-tolerance",
+        "mean_norm_max": "acfl-mean-norm-max",
+        "max_norm_min": "acfl-max-norm-min",
+        "phase1_rounds": "acfl-phase1-rounds",
+        "trial_epochs": "acfl-trial-epochs",
+        "incentive_threshold": "acfl-incentive-threshold",
+        "noise_z": "acfl-noise-z",
+        **INTER_CLUSTER, **COMMON,
+    }),
+    "fedsoft": (FedSoft, {
+        "num_clusters": "num-clusters",
+        "tau": "fedsoft-tau",
+        "sigma": "fedsoft-sigma",
+        "clients_per_cluster": "fedsoft-clients-per-cluster",
+        "proximal_lambda": "fedsoft-lambda",
+        "init": "fedsoft-init",
+        **WITHOUT_FRACTION_TRAIN,
+    }),
+    "fldc": (FLDC, {
+        "min_pts": "fldc-min-pts",
+        "eps": "fldc-eps",
+        "eps_method": "fldc-eps-method",
+        "r": "fldc-r",
+        **WITHOUT_FRACTION_TRAIN,
+    }),
+    "flhc": (FLHC, {
+        "warmup_rounds": "flhc-warmup-rounds",
+        "linkage": "flhc-linkage",
+        "metric": "flhc-metric",
+        "threshold": "flhc-threshold",
+        "min_gap": "flhc-min-gap",
+        "distance_ratio": "flhc-distance-ratio",
+        "distance_threshold": "flhc-distance-threshold",
+        **INTER_CLUSTER, **COMMON,
+    }),
+    "wecfl": (WeCFL, {
+        "num_clusters": "num-clusters",
+        "n_init": "wecfl-n-init",
+        **INTER_CLUSTER, **COMMON,
+    }),
+    "fedem": (FedEM, {
+        "num_clusters": "num-clusters",
+        "init": "fedem-init",
+        "init_steps": "fedem-init-steps",
+        **COMMON,
+    }),
+    "local": (LocalOnly, COMMON),
+}
 
 
-def _wecfl(settings: Settings) -> Strategy:
-    return WeCFL(
-        settings["num-clusters"],
-        n_init=settings["wecfl-n-init"],
-        **_inter_cluster(settings),
-        **_common(settings),
-    )
-
-
-def _fedem(settings: Settings) -> Strategy:
-    return FedEM(
-        settings["num-clusters"],
-        init=settings["fedem-init"],
-        init_steps=settings["fedem-init-steps"],
-        **_common(settings),
-    )
+def _clustered(name: str, settings: Settings) -> ClusteredStrategy:
+    """Build fl-clusters' strategy ``name``; a refused value names its run-config key."""
+    cls, keys = CLUSTERED[name]
+    arguments = {argument: settings[key] for argument, key in keys.items()}
+    if name == "fldc":
+        arguments["eps"] = arguments["eps"] or None  # run-config 0 = chosen by eps_method
+    try:
+        strategy = cls(**arguments)
+    except ParamError as error:
+        key = keys.get(error.name, error.name)
+        if error.name == "min_available_nodes":
+            key = "min-nodes"  # what the user sets; the ServerApp passes it on under this name
+        raise ValueError(
+            f"run-config key '{key}' must be {error.expected} for strategy '{name}'; "
+            f"got {error.value!r}"
+        ) from error
+    # Its later messages then name the run-config keys the user can change.
+    strategy.from_run_config = True
+    return strategy
 
 
 def _fedavg(settings: Settings) -> Strategy:
@@ -161,22 +154,10 @@ def _fedprox(settings: Settings) -> Strategy:
     )
 
 
-def _local(settings: Settings) -> Strategy:
-    return LocalOnly(**_common(settings))
-
-
 BUILDERS: dict[str, Callable[[Settings], Strategy]] = {
-    "ifca": _ifca,
-    "cfl": _cfl,
-    "acfl": _acfl,
-    "fedsoft": _fedsoft,
-    "fldc": _fldc,
+    **{name: partial(_clustered, name) for name in CLUSTERED},
     "fedavg": _fedavg,
     "fedprox": _fedprox,
-    "local": _local,
-    "flhc": _flhc,
-    "wecfl": _wecfl,
-    "fedem": _fedem,
 }
 
 

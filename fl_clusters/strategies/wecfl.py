@@ -12,8 +12,10 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import flatten_models, initial_kmeans, weighted_kmeans
+from fl_clusters.clustering import flatten_models, initial_kmeans
+from fl_clusters.clustering.kmeans_models import recluster_kmeans
 from fl_clusters.strategies.base import HardClusteredStrategy
+from fl_clusters.strategies.params import check_param
 
 
 class WeCFL(HardClusteredStrategy):
@@ -25,15 +27,21 @@ class WeCFL(HardClusteredStrategy):
     (the k-means centre), the alternation analysed by Ma et al. as a weighted
     k-means objective.
 
-    Round 1 has no cluster models yet: all nodes train the initial model, and
-    the first k-means starts from ``n_init`` k-means++ draws (the lowest weighted
-    inertia wins). In later rounds k-means starts from the current cluster models
-    and runs Lloyd's iterations, so cluster j stays cluster j (no label switching
-    between rounds), and a cluster that no trained model chooses keeps its model
-    and its unsampled members. A node that was never clustered (not sampled in
-    round 1, or joined later) receives every cluster model, trains the one of
-    lowest loss on its training split, and k-means then places its trained model.
-    A node that is not sampled keeps its cluster.
+    Round 1 has no cluster models yet: all nodes train the initial model. Every
+    round, as in the authors' algorithm, a fresh weighted k-means (``n_init``
+    k-means++ starts, the lowest weighted inertia wins) clusters the trained
+    models, so a node whose model drifts to another group moves there. From
+    round 2 the fresh clusters are matched one to one to the current cluster
+    models (Hungarian algorithm on centre distances), so cluster j keeps serving
+    the nodes model j served and a relabelling is not a move;
+    ``reassigned_per_round`` counts the nodes that changed cluster. A node that
+    is not sampled keeps its cluster and is represented in the k-means by its
+    cluster's model, weighted by its data size (as last reported): a round that
+    samples only some groups does not split one of them to fill the clusters of
+    the others, and a cluster without trained members keeps its model. A node
+    that was never clustered (not sampled in round 1, or joined later) receives
+    every cluster model, trains the one of lowest loss on its training split,
+    and k-means then places its trained model.
 
     Parameters
     ----------
@@ -72,16 +80,14 @@ class WeCFL(HardClusteredStrategy):
             max_failed_rounds=max_failed_rounds,
             seed=seed,
         )
-        if num_clusters < 1:
-            raise ValueError(
-                f"num_clusters={num_clusters} must be >= 1 (run-config key 'num-clusters')"
-            )
-        if n_init < 1:
-            raise ValueError(f"n_init={n_init} must be >= 1 (run-config key 'wecfl-n-init')")
+        check_param("num_clusters", num_clusters, "int", low=1)
+        check_param("n_init", n_init, "int", low=1)
         self.num_clusters = num_clusters
         self.n_init = n_init
         self.clustering_round: int | None = None
         self.reassigned: list[int] = []
+        # Each node's last reported data size: an unsampled node's weight in k-means.
+        self._sizes: dict[int, int] = {}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -102,6 +108,8 @@ class WeCFL(HardClusteredStrategy):
             [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in trained]
         )
         weights = np.array([self.num_examples(m) for m in trained])
+        for msg, size in zip(trained, weights, strict=True):
+            self._sizes[msg.metadata.src_node_id] = int(size)
         if self.clustering_round is None:
             if len(trained) < self.num_clusters:
                 log(WARNING, "round %d: %d trained models for k=%d clusters: FedAvg this "
@@ -116,7 +124,13 @@ class WeCFL(HardClusteredStrategy):
             centers = flatten_models(
                 [[model[n].numpy() for n in names] for model in self._models]
             )
-            labels, _ = weighted_kmeans(points, weights, centers)
+            absent = self._absent_sizes({m.metadata.src_node_id for m in trained})
+            stand_ins = [j for j in range(self.num_clusters) if absent[j] > 0]
+            labels = recluster_kmeans(
+                np.vstack([points, centers[stand_ins]]),
+                np.concatenate([weights, absent[stand_ins]]),
+                centers, self.n_init, self.seed,
+            )[: len(trained)]
             models = list(self._models)
         groups: dict[int, list[Message]] = {}
         moved = 0
@@ -130,6 +144,14 @@ class WeCFL(HardClusteredStrategy):
         packed, metrics = self.aggregate_clusters(models, groups)
         metrics["reassigned"] = moved
         return packed, metrics
+
+    def _absent_sizes(self, trained: set[int]) -> np.ndarray:
+        """Per cluster, the data size of its members that did not train this round."""
+        sizes = np.zeros(self.num_clusters)
+        for node, cluster in self.assignments.items():
+            if node not in trained:
+                sizes[cluster] += self._sizes.get(node, 0)
+        return sizes
 
     def summary_fields(self) -> dict[str, Any]:
         """The first clustering round and the nodes that changed cluster in every round."""

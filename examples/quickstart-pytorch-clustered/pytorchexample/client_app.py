@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fl_clusters import ClusteredClient  # fl-clusters
-from pytorchexample.task import Net, group_of, load_data, run_config
+from pytorchexample.task import Net, group_of, load_data, load_validation, run_config
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
 
@@ -26,10 +26,16 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     """The ClientApp; ``overrides`` win over the run config (for ``run_simulation``)."""
     app = ClientApp()
 
-    def loaders(context: Context):  # fl-clusters: this node's (train, test) loaders
+    def loaders(context: Context):  # fl-clusters: this node's loaders
         cfg = run_config(context, overrides)
         node = context.node_config
-        return load_data(node["partition-id"], node["num-partitions"], cfg["batch-size"])
+        args = (node["partition-id"], node["num-partitions"], cfg["batch-size"],
+                cfg["validation-fraction"])
+        train, test = load_data(*args)
+        if cfg["validation-fraction"] == 0:
+            return train, test
+        # ACFL scores its trials on data that train() holds out.
+        return train, load_validation(*args), test
 
     def report(context: Context) -> dict[str, int]:  # fl-clusters: ground truth, report only
         return {"group": group_of(context.node_config["partition-id"])}
@@ -48,10 +54,13 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         cfg = run_config(context, overrides)
         partition_id = context.node_config["partition-id"]
         num_partitions = context.node_config["num-partitions"]
-        trainloader, _ = load_data(partition_id, num_partitions, cfg["batch-size"])
+        trainloader, _ = load_data(
+            partition_id, num_partitions, cfg["batch-size"], cfg["validation-fraction"]
+        )
 
         train_loss = train_fn(
-            model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device
+            model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device,
+            cfg["optimizer"],
         )
 
         metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}

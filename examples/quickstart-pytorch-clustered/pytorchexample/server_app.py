@@ -30,7 +30,7 @@ from pytorchexample.task import Net, load_centralized_dataset, run_config, test
 
 # The app's own keys; fl-clusters has keys of the same name for its own ClientApp.
 APP_KEYS = {"num-server-rounds", "fraction-evaluate", "local-epochs", "learning-rate",
-            "batch-size", "results-dir"}
+            "optimizer", "batch-size", "validation-fraction", "results-dir"}
 
 
 def make_strategy(cfg: Mapping[str, Any]) -> Strategy:

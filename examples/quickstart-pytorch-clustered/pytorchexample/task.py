@@ -32,9 +32,11 @@ DEFAULTS: dict[str, Any] = {
     "fraction-evaluate": 1.0,
     "local-epochs": 5,
     "learning-rate": 0.03,
+    "optimizer": "sgd-momentum",
     "batch-size": 16,
     "strategy": "ifca",
     "num-clusters": 2,
+    "validation-fraction": 0.0,
     "results-dir": "",
 }
 
@@ -97,20 +99,46 @@ def _split(images: np.ndarray, labels: np.ndarray, group: int) -> DigitImages:
     return DigitImages(images, (labels + group * LABEL_SHIFT) % 10)
 
 
+def _partition(partition_id: int, num_partitions: int) -> np.ndarray:
+    order = np.random.default_rng(42).permutation(len(_digits()[1]))
+    return np.array_split(order, num_partitions)[partition_id]
+
+
 def load_data(
-    partition_id: int, num_partitions: int, batch_size: int
+    partition_id: int, num_partitions: int, batch_size: int, validation_fraction: float = 0.0
 ) -> tuple[DataLoader, DataLoader]:
-    """This partition's train and test loaders (80% / 20%, dict batches)."""
+    """This partition's train and test loaders (80% / 20%, dict batches).
+
+    ``validation_fraction`` of the 80% is held out of the train loader for
+    :func:`load_validation` (ACFL's trials need data that training never saw).
+    """
     images, labels = _digits()
-    order = np.random.default_rng(42).permutation(len(labels))
-    part = np.array_split(order, num_partitions)[partition_id]
+    part = _partition(partition_id, num_partitions)
     cut = int(0.8 * len(part))
+    held = int(validation_fraction * cut)
     group = group_of(partition_id)
-    train_set = _split(images[part[:cut]], labels[part[:cut]], group)
+    train_set = _split(images[part[held:cut]], labels[part[held:cut]], group)
     test_set = _split(images[part[cut:]], labels[part[cut:]], group)
     return (
         DataLoader(train_set, batch_size=batch_size, shuffle=True),
         DataLoader(test_set, batch_size=batch_size),
+    )
+
+
+def load_validation(
+    partition_id: int, num_partitions: int, batch_size: int, validation_fraction: float
+) -> DataLoader:
+    """The samples ``load_data`` holds out of training at the same ``validation_fraction``."""
+    images, labels = _digits()
+    part = _partition(partition_id, num_partitions)
+    held = part[: int(validation_fraction * int(0.8 * len(part)))]
+    if len(held) == 0:
+        raise ValueError(
+            f"validation-fraction={validation_fraction} holds out no sample of partition "
+            f"{partition_id}; ACFL needs a validation split: set it to e.g. 0.2"
+        )
+    return DataLoader(
+        _split(images[held], labels[held], group_of(partition_id)), batch_size=batch_size
     )
 
 
@@ -120,13 +148,31 @@ def load_centralized_dataset() -> DataLoader:
     return DataLoader(_split(images, labels, 0), batch_size=128)
 
 
+# Local optimizers the run-config key `optimizer` names: the quickstart's SGD with
+# momentum 0.9, plain SGD and Adam (each at the run's `learning-rate`).
+OPTIMIZERS = {
+    "sgd-momentum": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=0.9),
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "adam": lambda params, lr: torch.optim.Adam(params, lr=lr),
+}
+
+
 def train(
-    net: nn.Module, trainloader: DataLoader, epochs: int, lr: float, device: torch.device
+    net: nn.Module,
+    trainloader: DataLoader,
+    epochs: int,
+    lr: float,
+    device: torch.device,
+    optimizer_name: str = "sgd-momentum",
 ) -> float:
     """Train the model on the training set; return the mean batch loss."""
+    if optimizer_name not in OPTIMIZERS:
+        raise ValueError(
+            f"run-config key 'optimizer' is {optimizer_name!r}; allowed: {', '.join(OPTIMIZERS)}"
+        )
     net.to(device)
     criterion = nn.CrossEntropyLoss().to(device)
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
+    optimizer = OPTIMIZERS[optimizer_name](net.parameters(), lr)
     net.train()
     running_loss = 0.0
     for _ in range(epochs):

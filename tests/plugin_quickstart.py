@@ -1,0 +1,312 @@
+"""Run Flower apps in process for the plug-in tests: a loopback Grid and quickstart files.
+
+:class:`LoopbackGrid` hands every message to a ClientApp in this process, one
+node after another, with one persistent ``Context`` per node (``partition-id``,
+``num-partitions`` and the run config, as ``flwr run`` gives them). No Ray, no
+SuperLink: a run costs only its training, so whole federations fit in a test.
+Messages are copied on the way in and out, as a wire would, and a handler that
+raises is answered with an error reply carrying Flower's reason format.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import torch
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.run import Run
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "quickstart-pytorch-clustered"
+
+# Flower 1.41's quickstart-pytorch ClientApp (flwr new, Message API), verbatim.
+QUICKSTART_CLIENT = '''"""pytorchexample: A Flower / PyTorch app."""
+
+import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from pytorchexample.task import Net, load_data
+from pytorchexample.task import test as test_fn
+from pytorchexample.task import train as train_fn
+
+# Flower ClientApp
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context):
+    """Train the model on local data."""
+
+    # Load the model and initialize it with the received weights
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    # Load the data
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    trainloader, _ = load_data(partition_id, num_partitions, batch_size)
+
+    # Call the training function
+    train_loss = train_fn(
+        model,
+        trainloader,
+        context.run_config["local-epochs"],
+        msg.content["config"]["lr"],
+        device,
+    )
+
+    # Construct and return reply Message
+    model_record = ArrayRecord(model.state_dict())
+    metrics = {
+        "train_loss": train_loss,
+        "num-examples": len(trainloader.dataset),
+    }
+    metric_record = MetricRecord(metrics)
+    content = RecordDict({"arrays": model_record, "metrics": metric_record})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context):
+    """Evaluate the model on local data."""
+
+    # Load the model and initialize it with the received weights
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    # Load the data
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    batch_size = context.run_config["batch-size"]
+    _, valloader = load_data(partition_id, num_partitions, batch_size)
+
+    # Call the evaluation function
+    eval_loss, eval_acc = test_fn(
+        model,
+        valloader,
+        device,
+    )
+
+    # Construct and return reply Message
+    metrics = {
+        "eval_loss": eval_loss,
+        "eval_acc": eval_acc,
+        "num-examples": len(valloader.dataset),
+    }
+    metric_record = MetricRecord(metrics)
+    content = RecordDict({"metrics": metric_record})
+    return Message(content=content, reply_to=msg)
+'''
+
+# Flower 1.41's quickstart-pytorch ServerApp (flwr new, Message API), verbatim.
+QUICKSTART_SERVER = '''"""pytorchexample: A Flower / PyTorch app."""
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from pytorchexample.task import Net, load_centralized_dataset, test
+
+# Create ServerApp
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Main entry point for the ServerApp."""
+
+    # Read run config
+    fraction_evaluate: float = context.run_config["fraction-evaluate"]
+    num_rounds: int = context.run_config["num-server-rounds"]
+    lr: float = context.run_config["learning-rate"]
+
+    # Load global model
+    global_model = Net()
+    arrays = ArrayRecord(global_model.state_dict())
+
+    # Initialize FedAvg strategy
+    strategy = FedAvg(fraction_evaluate=fraction_evaluate)
+
+    # Start strategy, run FedAvg for `num_rounds`
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=arrays,
+        train_config=ConfigRecord({"lr": lr}),
+        num_rounds=num_rounds,
+        evaluate_fn=global_evaluate,
+    )
+
+    # Save final model to disk
+    print("\\nSaving final model to disk...")
+    state_dict = result.arrays.to_torch_state_dict()
+    torch.save(state_dict, "final_model.pt")
+
+
+def global_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+    """Evaluate model on central data."""
+
+    # Load the model and initialize it with the received weights
+    model = Net()
+    model.load_state_dict(arrays.to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    # Load entire test set
+    test_dataloader = load_centralized_dataset()
+
+    # Evaluate the global model on the test set
+    test_loss, test_acc = test(model, test_dataloader, device)
+
+    # Return the evaluation metrics
+    return MetricRecord({"accuracy": test_acc, "loss": test_loss})
+'''
+
+# Flower 1.41's quickstart-pytorch run config, with fewer rounds.
+QUICKSTART_CONFIG: dict[str, Any] = {
+    "num-server-rounds": 6,
+    "fraction-evaluate": 1.0,
+    "local-epochs": 5,
+    "learning-rate": 0.03,
+    "batch-size": 16,
+}
+
+
+class LoopbackGrid(Grid):
+    """A Grid whose nodes are one ClientApp called in this process.
+
+    Parameters
+    ----------
+    client_app : ClientApp
+        The app every node runs.
+    num_nodes : int
+        Nodes; node ``i`` gets ``partition-id`` ``i`` of ``num_nodes``.
+    run_config : Mapping[str, Any]
+        Every node's ``context.run_config``.
+    """
+
+    def __init__(
+        self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any]
+    ) -> None:
+        self.client_app = client_app
+        # Ids far from partition ids, so that code mixing them up fails.
+        self.contexts = {
+            1000 + i: Context(
+                run_id=1,
+                node_id=1000 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i in range(num_nodes)
+        }
+        self._run = Run.create_empty(run_id=1)
+        self._replies: dict[str, Message] = {}
+
+    def set_run(self, run: Run) -> None:
+        """Keep the run (one run per grid)."""
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """The run."""
+        return self._run
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Deprecated in Flower; kept for the abstract interface."""
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Every node id."""
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Run each message's node on a copy of it now; keep the replies."""
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid4())
+            delivered = copy.deepcopy(message)
+            context = self.contexts[message.metadata.dst_node_id]
+            try:
+                reply = self.client_app(delivered, context)
+            except Exception as error:  # any handler error becomes an error reply, as in Flower
+                reason = f"{type(error)}:<'{error}'>"
+                reply = Message(
+                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                    reply_to=delivered,
+                )
+            reply.metadata.__dict__["_message_id"] = str(uuid4())
+            self._replies[message.metadata.message_id] = copy.deepcopy(reply)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """The replies to ``message_ids`` (each returned once)."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Push ``messages`` and return every reply (all nodes answer at once)."""
+        return self.pull_messages(self.push_messages(messages))
+
+
+def run_server(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    num_nodes: int,
+    run_config: Mapping[str, Any],
+    seed: int = 0,
+) -> LoopbackGrid:
+    """Run ``server_app`` against ``num_nodes`` loopback nodes; return the grid.
+
+    Every node runs in this process, one message after another, so seeding
+    torch's generator once (the apps' initial weights, loader shuffles) makes
+    the whole run repeat.
+    """
+    torch.manual_seed(seed)
+    grid = LoopbackGrid(client_app, num_nodes, run_config)
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)
+    )
+    server_app(grid, context)
+    return grid
+
+
+@contextmanager
+def app_package(folder: Path, name: str = "pytorchexample") -> Iterator[None]:
+    """Import the package ``name`` from ``folder`` (and only there) inside the block.
+
+    The example and the test copies share the quickstart's package name, so
+    modules imported from one must not serve the other.
+    """
+
+    def forget() -> None:
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+    forget()
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        forget()

@@ -1,0 +1,197 @@
+"""README's plug-in snippet, applied as printed to Flower's quickstart-pytorch, finds the groups.
+
+The README's "Plug into your own Flower app" section holds two diffs (client,
+server). They are applied line for line to Flower's quickstart ClientApp and
+ServerApp (tests/plugin_quickstart.py), on the example's offline task (digits,
+two client groups whose labels disagree, the quickstart's SGD with momentum),
+and the patched apps run a whole federation in process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord
+from flwr.supercore.task_identity import TaskIdentity
+from sklearn.metrics import adjusted_rand_score
+
+import fl_clusters.strategies
+from fl_clusters import protocol as p
+from fl_clusters.config import parse_run_config
+from fl_clusters.strategies.registry import BUILDERS, build_strategy
+from tests.plugin_quickstart import (
+    EXAMPLE,
+    QUICKSTART_CLIENT,
+    QUICKSTART_CONFIG,
+    QUICKSTART_SERVER,
+    ROOT,
+    app_package,
+    run_server,
+)
+
+SECTION = "## Plug into your own Flower app"
+NODES = 6
+
+
+@pytest.fixture(autouse=True)
+def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run identity Flower gives an app process; Message() needs it."""
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def readme_diffs() -> list[str]:
+    """The fenced ``diff`` blocks of the README's plug-in section, in order."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(SECTION)
+    end = text.index("\n## ", start + len(SECTION))
+    return re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
+
+
+def apply_diff(source: str, diff: str) -> str:
+    """Apply a README-style diff: ``...`` skips lines, the other lines match in order.
+
+    A context (`` ``) or removed (``-``) line must be the next line of ``source``,
+    or any later one after ``...`` (and at the start); ``+`` lines go in where the
+    cursor is. A diff line that matches nothing fails, so a README drifting from
+    the quickstart fails here.
+    """
+    lines = source.splitlines()
+    cursor, skip = 0, True
+    for raw in diff.splitlines():
+        if raw.strip() == "...":
+            skip = True
+            continue
+        sign, text = (raw[0], raw[1:]) if raw else (" ", "")
+        if sign == "+":
+            lines.insert(cursor, text)
+            cursor += 1
+            continue
+        assert sign in " -", f"diff line {raw!r} starts with neither ' ', '-' nor '+'"
+        candidates = range(cursor, len(lines)) if skip else range(cursor, cursor + 1)
+        found = next((i for i in candidates if i < len(lines) and lines[i] == text), None)
+        assert found is not None, f"diff line {raw!r} matches no line of the quickstart"
+        cursor, skip = found, False
+        if sign == "-":
+            del lines[cursor]
+        else:
+            cursor += 1
+    return "\n".join(lines) + "\n"
+
+
+def write_app(folder: Path, diffs: list[str]) -> Path:
+    """The quickstart package with the diffs applied, on the example's offline task."""
+    package = folder / "pytorchexample"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    shutil.copy(EXAMPLE / "pytorchexample" / "task.py", package / "task.py")
+    client, server = diffs
+    (package / "client_app.py").write_text(apply_diff(QUICKSTART_CLIENT, client))
+    (package / "server_app.py").write_text(apply_diff(QUICKSTART_SERVER, server))
+    return folder
+
+
+def plugin_table_constructors() -> list[str]:
+    """The constructor calls of docs/plugin.md's "which strategies" table, row by row."""
+    text = (ROOT / "docs" / "plugin.md").read_text()
+    start = text.index("| strategy | in your ServerApp |")
+    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    return [call for row in rows
+            for call in re.findall(r"`([A-Za-z]+\(.*?\))`", row.split("|")[2])]
+
+
+def test_plugin_table_lists_every_strategy_with_working_constructor_calls() -> None:
+    from flwr.serverapp.strategy import FedAvg, FedProx
+
+    namespace = {**vars(fl_clusters.strategies), "FedAvg": FedAvg, "FedProx": FedProx}
+    documented = [type(eval(call, namespace)) for call in plugin_table_constructors()]
+    assert len(documented) == len(set(documented)), documented
+    # Every strategy the run config can name, as fl-clusters' own app builds it.
+    offered = {
+        type(build_strategy({**parse_run_config({"strategy": name}), "min-available-nodes": 2}))
+        for name in BUILDERS
+    }
+    assert set(documented) == offered
+
+
+def test_readme_has_a_client_and_a_server_diff() -> None:
+    diffs = readme_diffs()
+    assert len(diffs) == 2, diffs
+    assert "+@clustered.train" in diffs[0] and "+@clustered.evaluate" in diffs[0]
+    assert "+    strategy = IFCA(" in diffs[1]
+
+
+def test_apply_diff_fails_on_a_line_the_quickstart_lacks() -> None:
+    with pytest.raises(AssertionError, match="matches no line"):
+        apply_diff(QUICKSTART_CLIENT, " app = ClientApp(mods=[])\n+clustered = None\n")
+
+
+def test_readme_snippet_turns_quickstart_into_a_clustered_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.set_num_threads(1)
+    folder = write_app(tmp_path, readme_diffs())
+    # The quickstart saves its final model to the working directory.
+    monkeypatch.chdir(tmp_path)
+    with app_package(folder):
+        client_app = importlib.import_module("pytorchexample.client_app")
+        server_app = importlib.import_module("pytorchexample.server_app")
+        task = importlib.import_module("pytorchexample.task")
+        grid = run_server(server_app.app, client_app.app, NODES, QUICKSTART_CONFIG)
+        models = p.unpack_clusters(ArrayRecord(torch.load(tmp_path / "final_model.pt")))
+        assert len(models) == 2
+        chosen, accuracy = [], []
+        for context in grid.contexts.values():
+            partition = int(context.node_config["partition-id"])
+            train, test = task.load_data(partition, NODES, 64)
+            # Each node's model: the lowest training loss, as the wrapper chooses.
+            losses, scores = [], []
+            for arrays in models:
+                net = task.Net()
+                net.load_state_dict(arrays.to_torch_state_dict())
+                losses.append(task.test(net, train, torch.device("cpu"))[0])
+                scores.append(task.test(net, test, torch.device("cpu"))[1])
+            chosen.append(int(np.argmin(losses)))
+            accuracy.append(scores[chosen[-1]])
+        groups = [task.group_of(i) for i in range(NODES)]
+    assert adjusted_rand_score(groups, chosen) == 1.0, (groups, chosen)
+    # One model for both groups cannot pass 0.5 on both (their labels disagree).
+    assert min(accuracy) >= 0.8, accuracy
+
+
+def test_a_train_that_raises_stops_the_run_with_the_users_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = write_app(tmp_path, readme_diffs())
+    monkeypatch.chdir(tmp_path)
+
+    def failing_train(*args: object) -> float:
+        raise RuntimeError("CUDA out of memory (the user's train)")
+
+    with app_package(folder):
+        client_app = importlib.import_module("pytorchexample.client_app")
+        server_app = importlib.import_module("pytorchexample.server_app")
+        monkeypatch.setattr(client_app, "train_fn", failing_train)
+        # The strategy's failure policy (max_failed_rounds=3) ends the run with the
+        # clients' own reason, instead of returning models nobody trained.
+        with pytest.raises(RuntimeError, match=r"3 training rounds in a row without one "
+                           r"valid reply.*CUDA out of memory \(the user's train\)"):
+            run_server(server_app.app, client_app.app, NODES, QUICKSTART_CONFIG)
+    assert not (tmp_path / "final_model.pt").exists()
+
+
+def test_forgetting_clustered_evaluate_fails_when_the_app_loads(tmp_path: Path) -> None:
+    client, server = readme_diffs()
+    without = "\n".join(line for line in client.splitlines() if line != "+@clustered.evaluate")
+    folder = write_app(tmp_path, [without, server])
+    with app_package(folder), pytest.raises(ValueError) as error:
+        importlib.import_module("pytorchexample.client_app")
+    message = str(error.value)
+    assert "handler 'evaluate' is not wrapped by ClusteredClient" in message
+    assert "Put @clustered.evaluate directly under @app.evaluate()" in message
