@@ -22,7 +22,9 @@ RUN_OUTPUT_FILTER := awk '{ if (held != "") print held; held = ""; \
 	if ($$0 ~ /^results: /) done = 1; print; fflush() } \
 	END { if (!done) { print "make run: the run failed (no results folder; see above)" > "/dev/stderr"; exit 1 } }'
 
-.PHONY: setup run test test-all lint stop-local-superlink
+PYPROJECT_KEPT := .pyproject.toml.before-flwr-run
+
+.PHONY: setup run test test-all lint stop-local-superlink reproduce reproduce-quick
 
 setup: $(VENV)/.installed
 
@@ -36,13 +38,17 @@ $(VENV)/.installed: pyproject.toml
 # One left by an earlier `flwr run` may lack the variable above, so stop it
 # first; stop ours afterwards, whatever the run's outcome, so nothing outlives
 # the job. Both by the PID listening on that port (deploy/stop-local-superlink.sh).
+#
+# `flwr run` 1.41 moves pyproject.toml's [tool.flwr.federations] table to
+# ~/.flwr/config.toml and comments it out in place; the job puts the file back so
+# that the checkout stays as it was (the federation is also given explicitly).
 run: setup
 	@deploy/stop-local-superlink.sh --quiet
 	$(info flwr run . --stream --federation-config "num-supernodes=20 client-resources-num-cpus=1" $(RUN_ARGS))
-	@status=0; PATH=$(BIN):$$PATH flwr run . --stream \
+	@cp -p pyproject.toml $(PYPROJECT_KEPT); status=0; PATH=$(BIN):$$PATH flwr run . --stream \
 		--federation-config "num-supernodes=20 client-resources-num-cpus=1" $(RUN_ARGS) \
 		| $(RUN_OUTPUT_FILTER) || status=$$?; \
-	deploy/stop-local-superlink.sh --quiet; exit $$status
+	mv $(PYPROJECT_KEPT) pyproject.toml; deploy/stop-local-superlink.sh --quiet; exit $$status
 
 stop-local-superlink:
 	deploy/stop-local-superlink.sh
@@ -55,3 +61,14 @@ test-all: setup
 
 lint: setup
 	$(BIN)/ruff check fl_clusters tests benchmarks examples
+
+# Every benchmark grid as a sweep file (docs/sweeps.md); results in results/sweeps/.
+# A sweep started again skips the runs it has recorded. quick.toml is a slice of
+# the clustering matrix, for reproduce-quick (about 10 minutes on 2 cores).
+SWEEPS := $(filter-out benchmarks/sweeps/quick.toml,$(wildcard benchmarks/sweeps/*.toml))
+
+reproduce: setup
+	@for sweep in $(SWEEPS); do $(PY) -m fl_clusters.sweep $$sweep || exit $$?; done
+
+reproduce-quick: setup
+	$(PY) -m fl_clusters.sweep benchmarks/sweeps/quick.toml

@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import cache
 from importlib.metadata import version
 from pathlib import Path
 from types import TracebackType
@@ -203,7 +204,8 @@ def read_summary(results_dir: str) -> dict[str, Any]:
     if len(found) != 1:
         raise RuntimeError(f"expected one summary.json under {results_dir}, found {len(found)}")
     summary = json.loads(found[0].read_text())
-    keys = ("wall_time_s", "bytes_sent", "bytes_received", "ari", "personalized_accuracy")
+    keys = ("wall_time_s", "bytes_sent", "bytes_received", "ari", "personalized_accuracy",
+            "placement")
     rounds = (found[0].parent / "rounds.jsonl").read_text().splitlines()
     return {
         **{key: summary[key] for key in keys},
@@ -256,6 +258,24 @@ def _wait_for_no_superlink() -> None:
         time.sleep(SUPERLINK_POLL_S)
 
 
+@cache
+def app_copy() -> Path:
+    """A copy of the app (the files git lists) for `flwr run`, made once per process.
+
+    `flwr run` 1.41 moves pyproject.toml's ``[tool.flwr.federations]`` table to the
+    Flower config and comments it out in place: a benchmark must not change the
+    checkout it measures.
+    """
+    destination = Path(tempfile.mkdtemp(prefix="overhead-app-"))
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / name, destination / name)
+    return destination
+
+
 def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
     """Run one job with ``flwr run . --stream`` as ``make run`` does; stop its SuperLink.
 
@@ -289,7 +309,8 @@ def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command, cwd=app_copy(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True
         )
         with TreeMemory(proc.pid) as memory:
             for line in proc.stdout:  # type: ignore[union-attr]

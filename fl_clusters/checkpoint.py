@@ -275,6 +275,9 @@ class CheckpointedRounds(Strategy):
     resumed : Checkpoint | None
         The checkpoint this run continues from, already moved to this run's
         node ids (:meth:`Checkpoint.move_to`).
+    on_round_end : Callable[[int, float, MetricRecord | None], None] | None
+        Called after every round with its absolute number, its seconds and its
+        evaluation metrics (the ServerApp's progress line).
     """
 
     def __init__(
@@ -285,8 +288,10 @@ class CheckpointedRounds(Strategy):
         node_keys: Callable[[], Mapping[int, int | None]],
         start_nodes: list[int],
         resumed: Checkpoint | None = None,
+        on_round_end: Callable[[int, float, MetricRecord | None], None] | None = None,
     ) -> None:
         self.strategy = strategy
+        self.on_round_end = on_round_end
         self.settings = dict(settings)
         self.folder = folder
         self.every = int(settings["checkpoint-every"])
@@ -355,6 +360,8 @@ class CheckpointedRounds(Strategy):
         self.round_seconds[absolute] = time.monotonic() - self._round_started
         if self.every and absolute % self.every == 0:
             self.write_checkpoint(absolute)
+        if self.on_round_end is not None:
+            self.on_round_end(absolute, self.round_seconds[absolute], metrics)
         return metrics
 
     def start(  # type: ignore[override]

@@ -33,6 +33,7 @@ from fl_clusters.config import parse_run_config, partition_settings
 from fl_clusters.data import ClientData, load_client_data, load_dataset
 from fl_clusters.learner import TorchLearner, resolve_device
 from fl_clusters.models import build_model
+from fl_clusters.placement import PLACEMENT, placement_report, record_training
 
 LearnerFactory = Callable[[Context], TorchLearner]
 MetadataFactory = Callable[[Context], Mapping[str, Any]]
@@ -155,9 +156,17 @@ def node_key(context: Context) -> int:
     return zlib.crc32(text.encode())
 
 
-def _identity(message: Message, context: Context) -> Message:
-    """Start-up handshake: the key the server orders and samples nodes by."""
+def _identity(
+    message: Message, context: Context, group: int | None = None
+) -> Message:
+    """Start-up handshake: the key the server orders and samples nodes by.
+
+    ``group`` (the node's ground-truth group, when the app knows it) rides along
+    for the ServerApp's progress lines; no strategy reads it.
+    """
     metrics = MetricRecord({p.M_NODE_KEY: node_key(context)})
+    if group is not None:
+        metrics[p.M_TRUE_GROUP] = int(group)
     return Message(RecordDict({p.METRICS: metrics}), reply_to=message)
 
 
@@ -214,21 +223,26 @@ def _train(learner: TorchLearner, message: Message, context: Context) -> Message
         start = _local_model(context) or start
     centers = proximal_centers(message, config, models[cluster])
     num_examples = learner.num_examples("train")
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: num_examples})
     if config.get(p.CFG_RETURN, "model") == "gradient":
         arrays, loss = learner.gradient(start)
     else:
+        batch_size = int(config.get(p.CFG_BATCH, 32))
+        epochs = int(config.get(p.CFG_EPOCHS, 1))
+        steps = int(config.get(p.CFG_STEPS, 0))
         arrays, loss = learner.train(
             start,
             lr=float(config.get(p.CFG_LR, 0.1)),
-            batch_size=int(config.get(p.CFG_BATCH, 32)),
-            epochs=int(config.get(p.CFG_EPOCHS, 1)),
-            steps=int(config.get(p.CFG_STEPS, 0)),
+            batch_size=batch_size,
+            epochs=epochs,
+            steps=steps,
             proximal_centers=centers,
             seed=int(config.get(p.CFG_ROUND, 0)) * 100_003 + node_key(context) % 100_003,
         )
+        metrics[p.M_STEPS_DONE] = learner.num_steps(batch_size, epochs, steps)
         if persistent:
             context.state[LOCAL_MODEL] = arrays
-    metrics = MetricRecord({p.M_NUM_EXAMPLES: num_examples, p.M_TRAIN_LOSS: loss})
+    metrics[p.M_TRAIN_LOSS] = loss
     if len(models) > 1:
         metrics[p.M_CLUSTER] = cluster
         metrics[p.M_CLUSTER_LOSSES] = losses
@@ -514,9 +528,11 @@ def register_handlers(
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        if is_mixture(message):
-            return fedem_train(learner_fn(context), message, context)
-        return _train(learner_fn(context), message, context)
+        learner = learner_fn(context)
+        trained = (fedem_train if is_mixture(message) else _train)(learner, message, context)
+        if not trained.has_error():
+            record_training(context, learner.device)
+        return trained
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:
@@ -527,7 +543,9 @@ def register_handlers(
     @app.query("report")
     def report(message: Message, context: Context) -> Message:
         metadata = metadata_fn(context) if metadata_fn else {}
-        return _report(learner_fn(context), message, context, metadata)
+        reply = _report(learner_fn(context), message, context, metadata)
+        reply.content[PLACEMENT] = placement_report(context)
+        return reply
 
     @app.query("sample_assignment")
     def sample_assignment(message: Message, context: Context) -> Message:
@@ -541,7 +559,19 @@ def register_handlers(
     def features(message: Message, context: Context) -> Message:
         return _features(learner_fn(context), message, context)
 
-    app.query("identity")(_identity)
+    @app.query("identity")
+    def identity(message: Message, context: Context) -> Message:
+        # Building the learner loads the node's data, so that a data set no node
+        # can load stops the run at the handshake, before round 1.
+        try:
+            learner_fn(context)
+        except (FileNotFoundError, ValueError) as err:
+            reply = _identity(message, context)
+            reply.content[p.STARTUP_PROBLEM] = ConfigRecord({"message": str(err)})
+            return reply
+        metadata = metadata_fn(context) if metadata_fn else {}
+        return _identity(message, context, metadata.get("true-cluster"))
+
     app.query("state")(_kept_state)
     app.query("restore")(_restore_state)
     return app

@@ -9,11 +9,13 @@ run with an error that names the key, the value and what is allowed.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from fl_clusters.clustering.ordering import INCENTIVE_THRESHOLDS
+from fl_clusters.errors import ConfigurationError
 
 STRATEGIES = (
     "ifca", "fedavg", "fedprox", "local", "cfl", "acfl", "fedsoft", "fldc", "flhc", "wecfl",
@@ -109,8 +111,8 @@ class ConfigKey:
             raise self._error(value)
         return converted
 
-    def _error(self, value: Any) -> ValueError:
-        return ValueError(
+    def _error(self, value: Any) -> ConfigurationError:
+        return ConfigurationError(
             f"run-config key '{self.name}' has invalid value {value!r}; allowed: "
             f"{self.allowed()}. Fix it in [tool.flwr.app.config] or with "
             f"--run-config \"{self.name}=...\"."
@@ -233,15 +235,16 @@ KEYS: tuple[ConfigKey, ...] = (
     ),
     ConfigKey(
         "cfl-gate", "relative", choices=GATES,
-        help="CFL split norms: relative to the run's own norms, or absolute eps1/eps2",
+        help="CFL split norms: scale-free (same round's updates), or absolute eps1/eps2",
     ),
     ConfigKey(
-        "cfl-mean-ratio", 0.8, minimum=0.0,
-        help="CFL relative gate: eps1 = this x the largest update norm of the first rounds",
+        "cfl-mean-ratio", 0.8, minimum=0.0, maximum=1.0, exclusive_minimum=True,
+        help="CFL relative gate: split when |mean update| < this x the mean update norm",
     ),
     ConfigKey(
-        "cfl-max-ratio", 0.6, minimum=0.0,
-        help="CFL relative gate: eps2 = this x the largest update norm of the first rounds",
+        "cfl-max-ratio", 0.0, minimum=0.0,
+        help="CFL relative gate: largest update norm > this x the largest of the first "
+             "rounds (0: > 0)",
     ),
     ConfigKey(
         "cfl-min-silhouette", 0.4, minimum=-1.0, maximum=1.0,
@@ -332,6 +335,11 @@ KEYS: tuple[ConfigKey, ...] = (
         "plots", True,
         help="write accuracy, assignment and similarity PNGs next to summary.json",
     ),
+    ConfigKey(
+        "verbose", False,
+        help="print Flower's full log (every strategy step, per-round metric records) "
+             "instead of one progress line per round",
+    ),
 )
 
 KEYS_BY_NAME: dict[str, ConfigKey] = {key.name: key for key in KEYS}
@@ -352,13 +360,14 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises
     ------
-    ValueError
+    ConfigurationError
         For an unknown key or a value outside what the key allows.
     """
     unknown = sorted(set(run_config) - set(KEYS_BY_NAME))
     if unknown:
-        raise ValueError(
-            f"unknown run-config key(s) {unknown}; known keys: {sorted(KEYS_BY_NAME)}"
+        raise ConfigurationError(
+            "unknown run-config key(s) " + ", ".join(map(_unknown_key, unknown))
+            + "; every key is listed in docs/config.md"
         )
     settings = {key.name: key.default for key in KEYS}
     for name, value in run_config.items():
@@ -366,6 +375,12 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     if settings["num-groups"] == 0:
         settings["num-groups"] = settings["num-clusters"]
     return settings
+
+
+def _unknown_key(name: str) -> str:
+    """``'name'``, with the closest known key as a suggestion when one is close."""
+    close = difflib.get_close_matches(name, KEYS_BY_NAME, n=1)
+    return f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
 
 
 def parse_group_sizes(text: str) -> tuple[float, ...] | None:

@@ -67,6 +67,16 @@ M_FEATURE_MEAN = "feature-mean"  # MCFL: mean of n sampled training inputs
 M_CLUSTER_LOSSES = "cluster-losses"  # mean training loss of every cluster model
 M_COUNTS = "counts"  # FedSoft: training samples each cluster model fits best
 M_NODE_KEY = "node-key"  # identity: partition-id, else a hash of the node config
+# Optimizer steps the node's training actually took: a user's own train() runs its
+# own loop whatever local-steps asked, and the server logs what was done.
+M_STEPS_DONE = "local-steps-done"
+# identity, optional: the node's ground-truth group, for progress lines only (no
+# strategy reads it)
+M_TRUE_GROUP = "true-cluster"
+# identity, optional: a config record whose "message" says why the node cannot take
+# part (its data set is missing...); the node still answers, so the server can tell
+# this from an app that lacks the handler
+STARTUP_PROBLEM = "startup-problem"
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,10 @@ class MetricField:
 
 
 # Fields of a training reply that every strategy reads.
-TRAIN_FIELDS: Mapping[str, MetricField] = {M_TRAIN_LOSS: MetricField()}
+TRAIN_FIELDS: Mapping[str, MetricField] = {
+    M_TRAIN_LOSS: MetricField(),
+    M_STEPS_DONE: MetricField(integer=True, low=0.0, required=False),
+}
 EVALUATE_FIELDS: Mapping[str, MetricField] = {
     M_ACCURACY: MetricField(low=0.0, high=1.0),
     M_LOSS: MetricField(),

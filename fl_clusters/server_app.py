@@ -7,13 +7,14 @@ import random
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from logging import WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
@@ -24,18 +25,24 @@ from fl_clusters import protocol as p
 from fl_clusters.checkpoint import Checkpoint, CheckpointedRounds
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import DATASET_SHAPES
+from fl_clusters.errors import ConfigurationError, report_configuration_errors_in_one_line
+from fl_clusters.handshake import NodeIdentities, identify_nodes
 from fl_clusters.metrics import (
     MeteredGrid,
     density_clustering_scores,
     intra_inter_accuracy,
+    labelling_scores,
     mcfl_scores,
     recovery_scores,
     rounds_to_target,
     soft_clustering_scores,
 )
 from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.placement import NOWHERE, PLACEMENT
+from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
 from fl_clusters.plots import write_run_plots
-from fl_clusters.strategies.base import ClusteredStrategy, ask_node_keys, key_order
+from fl_clusters.progress import RoundProgress
+from fl_clusters.strategies.base import ClusteredStrategy, key_order, log_identity_problems
 from fl_clusters.strategies.registry import build_strategy
 
 NODE_WAIT_S = 60.0
@@ -84,6 +91,36 @@ def wait_for_nodes(grid: Grid, minimum: int) -> list[int]:
         time.sleep(NODE_POLL_S)
 
 
+def check_can_start(
+    strategy: Strategy, nodes: list[int], identities: NodeIdentities
+) -> None:
+    """Stop before round 1 when the run cannot work, naming the problem and the fix.
+
+    Raises
+    ------
+    ConfigurationError
+        If every node says it cannot take part (its data set is missing, its
+        partition is impossible...), or the strategy cannot run on this many nodes.
+    """
+    if isinstance(strategy, ClusteredStrategy):
+        problem = strategy.federation_problem(len(nodes))
+        if problem is not None:
+            raise ConfigurationError(problem)
+    if nodes and len(identities.startup_problems) == len(nodes):
+        node, reason = sorted(identities.startup_problems.items())[0]
+        raise ConfigurationError(f"no node can take part; node {node} said: {reason}")
+    for node, reason in sorted(identities.startup_problems.items()):
+        log(WARNING, "node %d cannot take part: %s", node, reason)
+
+
+def build_configured_strategy(settings: Mapping[str, Any]) -> Strategy:
+    """The strategy the run config names; a value it refuses is a configuration error."""
+    try:
+        return build_strategy(settings)
+    except (TypeError, ValueError) as err:
+        raise ConfigurationError(str(err)) from err
+
+
 def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
     """The per-round training config every strategy sends to the clients."""
     return ConfigRecord(
@@ -128,8 +165,8 @@ def collect_report(
     Returns the usable reports, sorted by partition, and the nodes that answered at
     all (a malformed or error reply counts as an answer, silence does not).
     """
-    messages = []
-    for node in nodes:
+
+    def report_query(node: int) -> Message:
         assigned = getattr(strategy, "assignment_for", lambda _: None)(node)
         config = ConfigRecord(
             {
@@ -140,10 +177,12 @@ def collect_report(
             }
         )
         content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})
-        messages.append(Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT))
+        return Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT)
+
     rows = []
     fields = report_fields(len(p.unpack_clusters(arrays)))
-    replies = list(grid.send_and_receive(messages, timeout=settings["round-timeout"]))
+    timeout = settings["round-timeout"]
+    replies = list(grid.send_and_receive([report_query(n) for n in nodes], timeout=timeout))
     for node in sorted(set(nodes) - {r.metadata.src_node_id for r in replies}):
         log(WARNING, "report: node %d did not answer within round-timeout (%.0f s)", node,
             settings["round-timeout"])
@@ -166,12 +205,41 @@ def collect_report(
             continue
         row = {key: metrics[key] for key in metrics}
         row["node-id"] = node
+        row.update(placement_fields(reply))
         row["assigned"] = (
             int(assigned) if assigned is not None else int(np.argmin(row["train-loss"]))
         )
         rows.append(row)
     answered = {r.metadata.src_node_id for r in replies}
     return sorted(rows, key=lambda r: r.get("partition-id", r["node-id"])), answered
+
+
+def placement_fields(reply: Message) -> dict[str, Any]:
+    """Where the node trained (:mod:`fl_clusters.placement`): its last Ray node and
+    device, and its training tasks per place; empty values for a client that keeps
+    no placement (a plug-in app's own report, an older client)."""
+    record = reply.content.config_records.get(PLACEMENT)
+    if record is None:
+        return {"ray_node": "", "device": "", "tasks_by_place": {}}
+    places = [str(place) for place in record.get("places", [])]  # type: ignore[union-attr]
+    tasks = [int(n) for n in record.get("tasks", [])]  # type: ignore[union-attr]
+    return {
+        "ray_node": str(record.get("ray-node", "")),
+        "device": str(record.get("device", "")),
+        "tasks_by_place": dict(zip(places, tasks, strict=False)),
+    }
+
+
+def placement_summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Training tasks per Ray node and per device over every reporting client."""
+    nodes: Counter[str] = Counter()
+    devices: Counter[str] = Counter()
+    for row in rows:
+        for place, tasks in row["tasks_by_place"].items():
+            node, device = place.split(PLACE_SEPARATOR, 1)
+            nodes[node] += tasks
+            devices[device] += tasks
+    return {"ray_nodes": dict(sorted(nodes.items())), "devices": dict(sorted(devices.items()))}
 
 
 def accuracy_by_round(result: Result) -> dict[int, float]:
@@ -277,6 +345,7 @@ def strategy_fields(strategy: Strategy, rows: list[dict[str, Any]]) -> dict[str,
     # FedSoft's u and FedEM's pi are both a node's soft weight of each cluster model.
     soft = fields.get("importance_weights", fields.get("mixture_weights"))
     fields.update(soft_clustering_scores(rows, soft))
+    fields.update(labelling_scores(rows, fields))
     if "cluster_labels" in fields:  # a density clustering (FLDC) with noise labels
         fields.update(density_clustering_scores(rows, fields["cluster_labels"]))
     if isinstance(strategy, ClusteredStrategy) and strategy.mcfl:
@@ -386,11 +455,13 @@ def write_results(
             }
             out.write(strict_json(line) + "\n")
     with (folder / "assignments.csv").open("w") as out:
-        out.write("partition_id,node_id,true_cluster,assigned_cluster,personal_accuracy,late\n")
+        out.write("partition_id,node_id,true_cluster,assigned_cluster,personal_accuracy,late,"
+                  "ray_node,device\n")
         for row, acc in zip(rows, summary["per_client_accuracy"], strict=True):
             out.write(
                 f"{row.get('partition-id', -1)},{row['node-id']},{row.get('true-cluster', -1)},"
-                f"{row['assigned']},{acc:.6f},{int(row.get('late', False))}\n"
+                f"{row['assigned']},{acc:.6f},{int(row.get('late', False))},"
+                f"{row.get('ray_node', '')},{row.get('device', '')}\n"
             )
     np.savez(
         folder / "models.npz", **{key: result.arrays[key].numpy() for key in result.arrays}
@@ -410,9 +481,36 @@ def print_summary(summary: dict[str, Any], folder: Path) -> None:
     table.add_row("ARI / NMI", f"{summary['ari']:.3f} / {summary['nmi']:.3f}")
     table.add_row("MB sent / received",
                   f"{summary['bytes_sent'] / 1e6:.2f} / {summary['bytes_received'] / 1e6:.2f}")
+    placement = summary.get("placement") or {}
+    if placement.get("devices"):
+        nodes = [node for node in placement["ray_nodes"] if node != NOWHERE]
+        table.add_row("trained on", (f"{len(nodes)} Ray node(s), " if nodes else "") + ", ".join(
+            f"{device} {tasks}" for device, tasks in placement["devices"].items()
+        ) + " tasks")
     table.add_row("wall time (s)", f"{summary['wall_time_s']:.1f}")
     Console(file=sys.stdout, width=100).print(table)
     print(f"results: {folder.resolve()}", flush=True)
+
+
+def report_round(
+    progress: RoundProgress,
+    strategy: Strategy,
+    server_round: int,
+    seconds: float,
+    metrics: MetricRecord | None,
+) -> None:
+    """Print ``server_round``'s progress line from what the strategy recorded."""
+    accuracy = None if metrics is None else metrics.get(p.M_ACCURACY)
+    used = None
+    num_clusters = 1
+    if isinstance(strategy, ClusteredStrategy):
+        used = strategy.assignment_history.get(server_round)
+        num_clusters = len(set(used.values())) if used else len(set(
+            strategy.assignments.values())) or 1
+    progress.round_done(
+        server_round, seconds, None if accuracy is None else float(accuracy),  # type: ignore[arg-type]
+        used, num_clusters,
+    )
 
 
 def results_folder(settings: Mapping[str, Any]) -> Path:
@@ -437,18 +535,17 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     # min-nodes is the floor a round needs, not the start-up count: rounds go
     # on with the nodes that are there when one leaves.
     full = {**settings, "min-available-nodes": settings["min-nodes"]}
-    strategy = build_strategy(full) if resumed is None else resumed.strategy
-    keys: dict[int, int | None] = {}
-    rejected = 0
-    if resumed is not None or not isinstance(strategy, ClusteredStrategy):
-        # A resumed run maps the checkpoint's node ids to this run's by key; a
-        # clustered strategy otherwise learns the keys itself (prepare()).
-        keys, rejected = ask_node_keys(metered, nodes, settings["round-timeout"])
+    strategy = build_configured_strategy(full) if resumed is None else resumed.strategy
+    identities = identify_nodes(metered, nodes, settings["round-timeout"])
+    check_can_start(strategy, nodes, identities)
+    log_identity_problems(identities.problems)
+    keys = identities.keys
     if resumed is not None:
+        # A resumed run maps the checkpoint's node ids to this run's by key.
         resumed.move_to(keys, metered)
     if isinstance(strategy, ClusteredStrategy):
         strategy.node_keys.update(keys)
-        strategy.rejected_replies += rejected
+        strategy.rejected_replies += len(identities.problems)
     else:
         # Flower's FedAvg/FedProx draw nodes with Python's random among the nodes the
         # grid lists, and sum replies in arrival order; simulated node ids are random
@@ -460,11 +557,18 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         else:
             random.setstate(resumed.python_random)
     folder = results_folder(settings)
+    progress = RoundProgress(
+        settings["num-rounds"], identities.groups,
+        first_round=1 if resumed is None else resumed.server_round + 1,
+    )
     rounds = CheckpointedRounds(
         strategy, settings, folder,
         node_keys=lambda: strategy.node_keys if isinstance(strategy, ClusteredStrategy) else keys,
         start_nodes=nodes if resumed is None else resumed.start_nodes,
         resumed=resumed,
+        on_round_end=lambda server_round, seconds, metrics: report_round(
+            progress, strategy, server_round, seconds, metrics
+        ),
     )
     result = rounds.start(
         grid=metered,
@@ -484,6 +588,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     summary.update(node_fields(rounds.start_nodes, final_nodes, metered.nodes_seen, rows,
                                answered))
     summary.update(history_fields(strategy, rows))
+    summary["placement"] = placement_summary(rows)
     summary.update(
         wall_time_s=time.time() - start,
         bytes_sent=metered.bytes_sent,
@@ -498,7 +603,8 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     if settings["plots"]:
         truth = [row.get("true-cluster", 0) for row in rows]
         write_run_plots(folder, summary, accuracy_by_round(result), truth,
-                        similarity_in_row_order(strategy, rows))
+                        similarity_in_row_order(strategy, rows),
+                        data=f"{settings['dataset']}, {settings['cluster-structure']}")
     print_summary(summary, folder)
     return folder
 
@@ -509,6 +615,7 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        report_configuration_errors_in_one_line()
         settings = parse_run_config({**context.run_config, **(overrides or {})})
         run_federation(grid, settings)
 

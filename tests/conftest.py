@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,15 @@ from fl_clusters.client_app import build_client_app
 from fl_clusters.server_app import build_server_app
 
 Federation = Callable[..., dict[str, Any]]
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def stop_local_superlink() -> None:
+    """Stop the local SuperLink `flwr run` leaves running (deploy/stop-local-superlink.sh)."""
+    subprocess.run([str(ROOT / "deploy" / "stop-local-superlink.sh"), "--quiet"], check=False)
+
+
 
 
 @pytest.fixture
@@ -44,3 +56,46 @@ def federation(tmp_path: Path) -> Federation:
         return summary
 
     return run
+
+
+def copy_app(source: Path, destination: Path) -> Path:
+    """Copy the files git lists in ``source`` (what a clean clone holds) to ``destination``.
+
+    `flwr run` 1.41 moves an app's ``[tool.flwr.federations]`` table to the Flower
+    config and comments it out in the app's pyproject.toml: tests run `flwr run`
+    on such a copy, never on the checkout.
+    """
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z", "."], cwd=source, check=True,
+        capture_output=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (source / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            (destination / name).write_bytes((source / name).read_bytes())
+    return destination
+
+
+@pytest.fixture
+def fresh_checkout(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """A copy of the checkout's files (what a clean clone holds) and an empty home.
+
+    `flwr run` rewrites the app's pyproject.toml on its first run (it moves the
+    federations table to the Flower config), so it runs on a copy, never on the
+    checkout itself. The local SuperLink `flwr run` starts is stopped before
+    (one left by an earlier run has another home) and after.
+    """
+    app = copy_app(ROOT, tmp_path / "app")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    env.update(
+        HOME=str(home),
+        PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
+        # The venv holds every dependency; Flower would otherwise install them
+        # again into a runtime environment per run.
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+    )
+    stop_local_superlink()
+    yield app, home, env
+    stop_local_superlink()

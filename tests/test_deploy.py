@@ -8,6 +8,7 @@ and stops everything again. :class:`Deployment` is reused by tests/test_example.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import random
@@ -27,6 +28,8 @@ VENV_BIN = Path(sys.executable).parent
 sys.path.insert(0, str(DEPLOY))
 
 from check_node import NodeCheckError, validate_partition  # noqa: E402
+
+from tests.conftest import copy_app  # noqa: E402
 
 # Seconds the slow tests allow each step; generous for 2-core CI machines.
 START_TIMEOUT = 240
@@ -152,6 +155,7 @@ class Deployment:
     def run(self, app: Path, run_config: str, results_dir: Path) -> dict:
         """Submit ``app`` with ``flwr run``, wait for it, return its summary.json."""
         began = time.monotonic()
+        app = copy_app(app, self.state_dir / f"app-{app.name}")
         result = self.flwr(
             "run", str(app), "fl-clusters", "--stream", "--run-config", run_config,
             timeout=RUN_TIMEOUT,
@@ -496,11 +500,12 @@ def stream_run(deployment: Deployment, run_config: str,
     """
     env = {**os.environ, "FLWR_HOME": str(deployment.state_dir / "flwr-home"),
            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    app = copy_app(REPO, deployment.state_dir / "app")
     began = time.monotonic()
     run = subprocess.Popen(
-        [str(VENV_BIN / "flwr"), "run", str(REPO), "fl-clusters", "--stream",
+        [str(VENV_BIN / "flwr"), "run", str(app), "fl-clusters", "--stream",
          "--run-config", run_config],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=app,
     )
     output: list[str] = []
     acted = False
@@ -537,7 +542,8 @@ def test_a_supernode_killed_in_round_2_leaves_the_run_to_the_other_three(
     assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
     victim = deployment.recorded_pids()["supernode-3"]
     results_dir = tmp_path / "results"
-    run_config = (f"strategy='ifca' num-rounds=3 min-nodes=3 num-clusters=2 "
+    # verbose: stream_run acts on Flower's "[ROUND n/" lines.
+    run_config = (f"strategy='ifca' num-rounds=3 min-nodes=3 num-clusters=2 verbose=true "
                   f"ifca-init='random' ifca-restarts=1 round-timeout=30.0 "
                   f"results-dir='{results_dir}'")
     text, seconds = stream_run(deployment, run_config, (2, lambda: os.kill(victim, 9)))
@@ -561,7 +567,7 @@ def test_a_supernode_that_joins_in_round_3_is_assigned_and_reported(
     result = deployment.start("--insecure", "--skip-check")
     assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
     results_dir = tmp_path / "results"
-    run_config = (f"strategy='ifca' num-rounds=5 min-nodes=3 num-clusters=2 "
+    run_config = (f"strategy='ifca' num-rounds=5 min-nodes=3 num-clusters=2 verbose=true "
                   f"ifca-init='random' ifca-restarts=1 round-timeout=60.0 "
                   f"results-dir='{results_dir}'")
 
@@ -580,11 +586,14 @@ def test_a_supernode_that_joins_in_round_3_is_assigned_and_reported(
     assert summary["lost_nodes"] == [], summary
     # Every client, the newcomer included, was evaluated with a cluster in round 5.
     assert None not in summary["assignment_history"][-1], summary["assignment_history"]
-    rows = next(results_dir.glob("*/assignments.csv")).read_text().splitlines()
-    header, late = rows[0].split(","), [r.split(",") for r in rows[1:] if r.endswith(",1")]
+    with next(results_dir.glob("*/assignments.csv")).open() as table:
+        rows = list(csv.DictReader(table))
+    late = [row for row in rows if row["late"] == "1"]
     assert len(late) == 1, rows
-    row = dict(zip(header, late[0], strict=True))
+    row = late[0]
     assert int(row["node_id"]) == summary["late_nodes"][0]
+    # A SuperNode runs no Ray: placement says so.
+    assert row["ray_node"] == "none" and row["device"] == "cpu", row
     assert row["assigned_cluster"] in {"0", "1"}, row
     assert 0.0 <= float(row["personal_accuracy"]) <= 1.0, row
     report_timings("a 4th SuperNode joins at round 3 (5 rounds)",

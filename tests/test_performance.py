@@ -322,7 +322,7 @@ ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
 @ray.remote
 class Holder:
     def objects_while_holding(self, x):
-        stats = memory_summary(stats_only=True)
+        stats = memory_summary(ray.get_runtime_context().gcs_address, stats_only=True)
         return int(re.search(r"Plasma memory usage \\d+ MiB, (\\d+) objects", stats)[1])
 
 
@@ -397,3 +397,17 @@ def test_the_light_client_app_hands_a_message_to_the_implementation(
     context = _context(0, 1)
     apps.client_app(message, context)
     assert seen == [(message, context)]
+
+
+def test_gpu_check_says_why_it_measures_nothing_without_a_gpu(tmp_path: Path) -> None:
+    """benchmarks/gpu_cluster.py on a machine with no CUDA GPU: a clear skip, no file."""
+    out = tmp_path / "gpu_cluster.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_cluster.py"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA GPU on this machine" in result.stdout
+    assert "nothing measured" in result.stdout
+    assert not out.exists()

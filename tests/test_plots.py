@@ -14,7 +14,11 @@ from fl_clusters.plots import (
     ACCURACY_PLOT,
     ASSIGNMENT_PLOT,
     SIMILARITY_PLOT,
+    cluster_colors,
+    group_colors,
+    plot_assignment_map,
     plot_similarity,
+    run_title,
     write_run_plots,
 )
 from fl_clusters.server_app import similarity_in_row_order
@@ -87,3 +91,52 @@ def test_similarity_reordered_to_clients_and_plotted(tmp_path: Path) -> None:
 def test_similarity_shape_checked(tmp_path: Path, bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="square with one row per client"):
         plot_similarity(bad, [0, 1, 1], tmp_path / "s.png")
+
+
+def test_colours_only_for_the_clusters_that_exist() -> None:
+    colors = cluster_colors([3, 0, 3, 7])
+    assert list(colors) == [0, 3, 7]
+    assert len(set(colors.values())) == 3
+
+
+def test_a_group_takes_the_colour_of_the_cluster_that_holds_it() -> None:
+    colors = cluster_colors([5, 2, 7])
+    truth = [0, 0, 1, 1, 2, 2, 3]
+    final = [5, 5, 2, 2, 7, None, 5]  # group 3's only client sits in group 0's cluster
+    shades = group_colors(truth, final, colors)
+    assert shades[0] == colors[5] and shades[1] == colors[2] and shades[2] == colors[7]
+    assert shades[3] not in colors.values()  # no cluster of its own: a grey
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_assignment_map_for_recovered_clusters_of_any_count(tmp_path: Path, k: int) -> None:
+    rng = np.random.default_rng(k)
+    truth = [i // 3 for i in range(3 * k)]
+    relabel = rng.permutation(k) + 10  # cluster ids need not be 0..k-1
+    history = [[int(relabel[g]) for g in truth] for _ in range(4)]
+    colors = cluster_colors(relabel)
+    assert len(colors) == k
+    shades = group_colors(truth, history[-1], colors)
+    assert [shades[g] for g in range(k)] == [colors[int(relabel[g])] for g in range(k)]
+    path = plot_assignment_map(history, truth, tmp_path / "map.png", "ifca on digits, ARI 1.00")
+    assert_png(path)
+    # Every cluster's colour is drawn.
+    pixels = np.unique(
+        np.round(matplotlib.image.imread(path)[..., :3].reshape(-1, 3) * 255), axis=0
+    )
+
+    def drawn(color: tuple[float, ...]) -> bool:
+        return bool(np.abs(pixels - np.round(np.array(color) * 255)).max(axis=1).min() <= 1)
+
+    assert all(drawn(color) for color in colors.values())
+    # ... and no colour of a cluster that does not exist (the colour bar had ten).
+    # tab10's grey is left out: anti-aliased black text has grey pixels too.
+    unused = [c for i, c in enumerate(matplotlib.colormaps["tab10"].colors) if i >= k and i != 7]
+    assert not any(drawn(color) for color in unused)
+
+
+def test_titles_say_strategy_data_and_ari() -> None:
+    assert run_title({"strategy": "cfl", "ari": 0.8312}, "digits, rotation") == (
+        "cfl on digits, rotation, ARI 0.83"
+    )
+    assert run_title({"strategy": "fedavg", "ari": None}, "") == "fedavg"
