@@ -105,7 +105,9 @@ def test_ray_cluster_of_two_nodes_runs_the_app_unchanged(cluster, fresh_checkout
     _, folder = finish(flwr_run(app, env, cluster.address))
     summary = json.loads((folder / "summary.json").read_text())
     rows = placement(folder)
-    assert {row["ray_node"] for row in rows} == {cluster.head, cluster.worker}
+    # Each client's row names the node of its last task; the summary counts every
+    # task, and both nodes trained.
+    assert {row["ray_node"] for row in rows} <= {cluster.head, cluster.worker}
     assert {row["device"] for row in rows} == {"cpu"}
     assert set(summary["placement"]["ray_nodes"]) == {cluster.head, cluster.worker}
     assert sum(summary["placement"]["devices"].values()) == 20 * ROUNDS
