@@ -211,7 +211,8 @@ KEYS: tuple[ConfigKey, ...] = (
         "fldc-r", 0.2, minimum=0.0, maximum=1.0, exclusive_minimum=True,
         help="FLDC sampling rate per cluster",
     ),
-    # Issue 13: clusters found on the user's data (docs/clustering-defaults.md).
+    # Keys of the defaults that find groups on data they were not tuned on
+    # (docs/clustering-defaults.md).
     ConfigKey(
         "group-sizes", "",
         help="shares of the clients per group, e.g. '0.4,0.3,0.2,0.1' ('' = equal groups)",
@@ -300,7 +301,7 @@ KEYS: tuple[ConfigKey, ...] = (
         "resume-from", "",
         help="results folder (or checkpoint.pkl) of an interrupted run to continue ('' = none)",
     ),
-    # Issue 17: FL+HC and WeCFL (docs/clustering-defaults.md, how the defaults were chosen).
+    # FL+HC and WeCFL (docs/clustering-defaults.md: how the defaults were chosen).
     ConfigKey("flhc-warmup-rounds", 3, minimum=0, help="FL+HC: FedAvg rounds before clustering"),
     ConfigKey("flhc-linkage", "ward", choices=FLHC_LINKAGES, help="FL+HC agglomerative linkage"),
     ConfigKey(
@@ -324,7 +325,7 @@ KEYS: tuple[ConfigKey, ...] = (
         help="FL+HC absolute cut (the paper's form; suits the digits MLP only)",
     ),
     ConfigKey("wecfl-n-init", 10, minimum=1, help="WeCFL: k-means++ starts of the first k-means"),
-    # Issue 17: FedEM (num-clusters is its M).
+    # FedEM (num-clusters is its M).
     ConfigKey(
         "fedem-init", "local-kmeans", choices=FEDEM_INITS,
         help="FedEM components: k-means of a warm-start round, or the paper's random draws",
