@@ -58,9 +58,6 @@ class RoundProgress:
     truth : Mapping[int, int]
         Node id -> ground-truth group, for the nodes that reported one (metrics
         only: no strategy sees it).
-    first_round : int (default: 1)
-        The first round this process runs (after a resume, the one after the
-        checkpoint).
     console : Console | None
         Where the lines go; standard output (what ``flwr run`` streams) by default.
     """
@@ -69,12 +66,10 @@ class RoundProgress:
         self,
         num_rounds: int,
         truth: Mapping[int, int],
-        first_round: int = 1,
         console: Console | None = None,
     ) -> None:
         self.num_rounds = num_rounds
         self.truth = dict(truth)
-        self.first_round = first_round
         self.console = console or Console(file=sys.stdout, width=LINE_WIDTH, highlight=False)
         self.seconds: list[float] = []
 

@@ -557,10 +557,9 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
         else:
             random.setstate(resumed.python_random)
     folder = results_folder(settings)
-    progress = RoundProgress(
-        settings["num-rounds"], identities.groups,
-        first_round=1 if resumed is None else resumed.server_round + 1,
-    )
+    # Time left comes from the rounds this process ran: a resumed run's earlier
+    # rounds have no time here.
+    progress = RoundProgress(settings["num-rounds"], identities.groups)
     rounds = CheckpointedRounds(
         strategy, settings, folder,
         node_keys=lambda: strategy.node_keys if isinstance(strategy, ClusteredStrategy) else keys,
