@@ -1,4 +1,4 @@
-"""The two comparisons of issue 16, over several seeds, with paired differences.
+"""Two comparisons where a method's strength can show, over seeds, with paired differences.
 
 (a) FedSoft against FedAvg, IFCA and local-only on a label-permutation mixture
     (each client mixes two sources whose labels are permuted differently, so the

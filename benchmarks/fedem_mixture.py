@@ -1,4 +1,4 @@
-"""FedEM against FedAvg and IFCA on a label-permutation mixture (issue 17's acceptance).
+"""FedEM against FedAvg and IFCA on a label-permutation mixture (FedEM's acceptance setting).
 
 The setting of ``tests/test_fedem.py``: digits, 20 clients, MLP, two sources that
 name the digits differently, mixed in every client by Dirichlet(0.5) proportions,

@@ -51,8 +51,7 @@ from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import UpdateHierarchy, initial_kmeans, weighted_average
-from fl_clusters.data import DATASET_SHAPES, load_dataset
-from fl_clusters.data.partition import partition_dataset
+from fl_clusters.data import DATASET_SHAPES, load_dataset, partition_dataset
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
 from fl_clusters.sweep.provenance import git_state, utc_now

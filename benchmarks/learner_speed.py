@@ -75,7 +75,7 @@ def measure(dataset: str, num_clients: int, measured: int, repeats: int) -> dict
         train = TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train))
         test = TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))
         samples += len(data.y_train)
-        # What every message paid before learners were cached: a new model and learner.
+        # What a message would pay without the learner cache: a new model and learner.
         start = time.process_time()
         for _ in range(repeats):
             TorchLearner(build_model("mlp", shape, num_classes), train, test)

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_clusters.clustering import cluster_feature_means, nearest_feature
-from fl_clusters.data import load_dataset
-from fl_clusters.data.partition import ClientData, partition_dataset
+from fl_clusters.data import ClientData, load_dataset, partition_dataset
 
 OUT = Path(__file__).resolve().parent / "measured" / "mcfl_choice.json"
 NUM_CLIENTS, NUM_GROUPS, FEATURE_SAMPLES = 20, 4, 32  # the app's defaults

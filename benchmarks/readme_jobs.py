@@ -1,7 +1,7 @@
 """Time the README's ``make run`` job end to end, for IFCA and CFL.
 
-Issue 18 measured the closest peer (Flower's legacy simulation) running the same
-20-client IFCA and CFL jobs on 4-rotation digits in 30-48 s. This runs the job the
+The closest peer (Flower's legacy simulation) runs the same 20-client IFCA and CFL
+jobs on 4-rotation digits in 30-48 s (``PEER_S``). This runs the job the
 README gives, ``flwr run .`` with 20 SuperNodes and one CPU per client and the
 default run config (15 rounds, plots included), once per strategy and repeat, from
 the command to its exit, and records the run's own wall time, ARI and personalized
@@ -23,7 +23,8 @@ from benchmarks.overhead import federation_flwr_run, machine_info
 from fl_clusters.config import parse_run_config
 
 OUT = Path(__file__).resolve().parent / "measured" / "readme_jobs.json"
-PEER_S = (30.0, 48.0)  # issue 18: the legacy simulation, same jobs and data
+# The legacy Flower simulation's time for the same jobs and data, for comparison.
+PEER_S = (30.0, 48.0)
 
 
 def job(strategy: str) -> dict[str, object]:

@@ -3,9 +3,9 @@
 The final report scores every cluster model on the node's test split (for the
 inter-cluster accuracy). A node that chooses its cluster itself also needs every
 model's loss on its training split; a node the server names a cluster for does
-not (issue 18: CFL ending with 19 clusters spent minutes in the report). Times the
-ClientApp's report handler for both cases, per client, in CPU seconds of this
-process. Writes ``benchmarks/measured/report_cost.json``.
+not; with many clusters (a CFL run can end with 19) those training passes are
+most of the report. Times the ClientApp's report handler for both cases, per
+client, in CPU seconds of this process. Writes ``benchmarks/measured/report_cost.json``.
 
     python benchmarks/report_cost.py [--dataset fashion-mnist] [--model cnn] [--clusters 4 19]
 """
@@ -24,7 +24,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.client_app import _report
+from fl_clusters.client.queries import report_reply
 from fl_clusters.data import DATASET_SHAPES, load_client_data
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
@@ -40,7 +40,7 @@ def report_seconds(learner: TorchLearner, packed: object, assigned: int) -> floa
     )
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     start = time.process_time()
-    _report(learner, message, context, {})
+    report_reply(learner, message, context, {})
     return time.process_time() - start
 
 

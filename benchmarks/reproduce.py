@@ -1,4 +1,4 @@
-"""Reproduction benchmark: every strategy on the federations its issue names.
+"""Reproduction benchmark: every strategy on its acceptance federations.
 
 Each scenario is one real Flower simulation (Ray backend, the fl-clusters ServerApp
 and ClientApp) on scikit-learn's bundled digits, or on Fashion-MNIST for the scenarios
@@ -52,7 +52,7 @@ MIXTURE_COPIES = {
     "copy-per-group": True, "local-steps": 20, "num-rounds": 100,
 }
 
-# name -> (run-config overrides, number of clients). Each issue's acceptance
+# name -> (run-config overrides, number of clients). Each strategy's acceptance
 # federation, plus the FedAvg run it is compared with.
 SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
     "ifca-rotation": ({**ROTATION, "strategy": "ifca", "num-rounds": 15}, 20),
@@ -78,7 +78,7 @@ SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
         {**ROTATION, "strategy": "ifca", "awcfl-beta": 0.5, "num-rounds": 15}, 20
     ),
     "ifca-mcfl-rotation": ({**ROTATION, "strategy": "ifca", "mcfl": True, "num-rounds": 15}, 20),
-    # MCFL and AWCFL's acceptance setting (tests/test_fldc_awcfl_mcfl.py).
+    # MCFL and AWCFL's acceptance setting (tests/test_awcfl_mcfl.py).
     "acfl-mcfl-rotation-copies": (
         {**ROTATION_COPIES, "strategy": "acfl", "mcfl": True, "num-rounds": 10}, 20
     ),

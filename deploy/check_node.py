@@ -11,7 +11,7 @@ It loads the partition exactly as the ClientApp will: the app's run config
 (``[tool.flwr.app.config]`` of its pyproject.toml, fused with ``--run-config``
 overrides the same way ``flwr run`` does) and the node config ``partition-id`` /
 ``num-partitions``, through a loader function of the app
-(``fl_clusters.client_app:client_data_for`` for fl-clusters).
+(``fl_clusters.client.node_data:client_data_for`` for fl-clusters).
 
 Examples
 --------
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_LOADER = "fl_clusters.client_app:client_data_for"
+DEFAULT_LOADER = "fl_clusters.client.node_data:client_data_for"
 
 
 class NodeCheckError(Exception):

@@ -15,7 +15,7 @@
 #   --name NAME               name of its PID and log files (default supernode-I)
 #   --app DIR                 app folder for the start-up check (default: the repo)
 #   --loader MODULE:FUNC      the app's data loader for the check
-#                             (default fl_clusters.client_app:client_data_for)
+#                             (default fl_clusters.client.node_data:client_data_for)
 #   --run-config "k=v ..."    run-config overrides the check loads the data with
 #   --skip-check              start without the start-up check
 #

@@ -11,7 +11,7 @@
 #   --state-dir DIR        certificates, keys, PIDs, logs, Flower config (default deploy/.state)
 #   --connection NAME      flwr connection name (default fl-clusters)
 #   --app DIR              app whose data the start-up check loads (default: the repo)
-#   --loader MODULE:FUNC   that app's data loader (default fl_clusters.client_app:client_data_for)
+#   --loader MODULE:FUNC   that app's data loader (default fl_clusters.client.node_data:client_data_for)
 #   --run-config "k=v ..." run-config overrides the check loads the data with (use the
 #                          data-related keys of the run you will submit)
 #   --skip-check           start the SuperNodes without the start-up check

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> object:
     # Imported on first use, not with the package: `flwr run` resolves the app
     # components ("fl_clusters.apps:server_app") with importlib's find_spec, which
-    # imports this package, and importing the adapter (torch, scikit-learn) here
-    # cost every `flwr run` 2.6 s before it even started the SuperLink.
+    # imports this package, and the adapter's imports (torch, scikit-learn) would
+    # delay every `flwr run` before it even starts the SuperLink.
     if name == "ClusteredClient":
         from fl_clusters.adapter import ClusteredClient
 

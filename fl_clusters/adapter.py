@@ -16,42 +16,27 @@ docs/plugin.md shows the change against Flower's quickstart-pytorch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import wraps
 from typing import Any
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.apps import pass_ray_messages_inline
-from fl_clusters.client_app import (
-    LOCAL_MODEL,
-    _candidate_models,
-    _choose_cluster,
-    _cluster_losses,
-    _config,
-    _evaluate,
-    _features,
-    _identity,
-    _kept_state,
-    _mcfl_choice,
-    _report,
-    _restore_state,
-    _sample_assignment,
-    fedem_evaluate,
-    fedem_train,
-    is_mixture,
-    proximal_centers,
-)
-from fl_clusters.learner import TorchLearner
-from fl_clusters.placement import PLACEMENT, placement_report, record_training
+from fl_clusters.client.choice import choose_for_evaluation, choose_for_training
+from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
+from fl_clusters.client.loader_learner import GRADIENT_REFUSED, LoaderLearner
+from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
+from fl_clusters.client.replies import evaluate_reply
+from fl_clusters.client.task import LOCAL_MODEL, is_persistent, sgd_settings, task_config
+from fl_clusters.learner import centers_on, with_proximal_terms
+from fl_clusters.placement import record_training
+from fl_clusters.ray_env import pass_ray_messages_inline
 
 Handler = Callable[[Message, Context], Message]
 # (train, test) or (train, validation, test): ACFL's trials score the validation one.
@@ -64,176 +49,6 @@ DEFAULT_METRIC_NAMES: dict[str, str] = {
     "eval_loss": p.M_LOSS,
     "eval_acc": p.M_ACCURACY,
 }
-
-NO_VALIDATION = (
-    "the server asked for an evaluation on split 'validation' (ACFL's trials), and this "
-    "node's loaders_fn returned (train, test) only; return (train, validation, test) with "
-    "a validation loader your train() never trains on (ClusteredClient never scores a "
-    "choice on the test split)"
-)
-
-GRADIENT_REFUSED = (
-    "the server asked for a gradient ('return'='gradient': IFCA with mode='gradient', "
-    "run-config ifca-mode=gradient); ClusteredClient returns the models the app's own "
-    "train handler trains: use IFCA's default mode='model'"
-)
-
-
-def batch_xy(batch: Any, keys: tuple[str, str] = ("img", "label")) -> tuple[Any, Any]:
-    """Split one batch into (inputs, labels).
-
-    Parameters
-    ----------
-    batch : Any
-        An ``(x, y)`` tuple/list (torch ``TensorDataset``) or a dict holding
-        ``keys`` (flwr-datasets / Hugging Face).
-    keys : tuple[str, str]
-        Dict keys of the inputs and the labels.
-
-    Raises
-    ------
-    ValueError
-        For any other batch, saying what is expected and what came.
-    """
-    if isinstance(batch, tuple | list) and len(batch) == 2:
-        return batch[0], batch[1]
-    if isinstance(batch, Mapping) and keys[0] in batch and keys[1] in batch:
-        return batch[keys[0]], batch[keys[1]]
-    got = (
-        f"dict with keys {sorted(batch)}" if isinstance(batch, Mapping)
-        else f"{type(batch).__name__} of length {len(batch)}"
-        if isinstance(batch, tuple | list) else type(batch).__name__
-    )
-    raise ValueError(
-        f"batches must be (x, y) tuples or dicts with keys '{keys[0]}'/'{keys[1]}'; got {got}. "
-        "Pass ClusteredClient(..., batch_keys=(inputs key, labels key)) for other dict keys"
-    )
-
-
-class LoaderLearner(TorchLearner):
-    """The scoring side of :class:`TorchLearner` on the user's data loaders.
-
-    Cluster choice and the strategies' queries only score models (losses,
-    accuracy, input means); training stays in the user's own handler, so
-    :meth:`train` and :meth:`gradient` are refused.
-
-    Parameters
-    ----------
-    model : nn.Module
-        The user's network.
-    train_loader, test_loader : Iterable
-        The user's loaders (any batch format :func:`batch_xy` accepts).
-    batch_keys : tuple[str, str]
-        Dict keys of inputs and labels.
-    device : torch.device | None
-        Where scoring runs.
-    loss_fn : Callable | None
-        Per-sample loss (``reduction="none"``); cross-entropy by default.
-    validation_loader : Iterable | None
-        Held-out data for ACFL's trials; without it the ``validation`` split is refused.
-    """
-
-    def __init__(
-        self,
-        model: nn.Module,
-        train_loader: Iterable[Any],
-        test_loader: Iterable[Any],
-        batch_keys: tuple[str, str] = ("img", "label"),
-        device: torch.device | None = None,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        validation_loader: Iterable[Any] | None = None,
-    ) -> None:
-        super().__init__(model, [], [], device=device, loss_fn=loss_fn)  # type: ignore[arg-type]
-        self.loaders = {"train": train_loader, "test": test_loader}
-        if validation_loader is not None:
-            self.loaders["validation"] = validation_loader
-        self.batch_keys = batch_keys
-
-    def _batches(
-        self, split: str, batch_size: int = 0, generator: torch.Generator | None = None
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One pass over the user's loader for ``split``, on the device.
-
-        The loader decides the batches: ``batch_size`` and ``generator`` (the
-        built-in learner's batching, used by the inherited scoring methods) are
-        ignored, since only whole passes are scored here, never trained on.
-        """
-        del batch_size, generator
-        if split not in self.loaders:
-            if split == "validation":
-                raise ValueError(NO_VALIDATION)
-            raise ValueError(
-                f"split {split!r} is not available with ClusteredClient; this node's "
-                f"loaders_fn gives {'/'.join(self.loaders)}"
-            )
-        for batch in self.loaders[split]:
-            x, y = batch_xy(batch, self.batch_keys)
-            yield x.to(self.device), y.to(self.device)
-
-    def check_format(self) -> None:
-        """Read the first training batch; raise the format error before any work."""
-        first = next(iter(self.loaders["train"]), None)
-        if first is None:
-            raise ValueError("the training loader of this node yields no batch")
-        batch_xy(first, self.batch_keys)
-
-    def num_examples(self, split: str = "train") -> int:
-        """Number of samples in a split (counted through its loader)."""
-        return sum(len(y) for _, y in self._batches(split))
-
-    def in_memory(self) -> TorchLearner:
-        """A learner that can train, on the training samples read once into memory.
-
-        FedEM's M-step weighs each training sample by its responsibility, so the
-        samples must keep one order between the E-step and training; a loader
-        that shuffles changes it every pass. The test split is left empty.
-        """
-        pairs = [(x.cpu(), y.cpu()) for x, y in self._batches("train")]
-        x = torch.cat([x for x, _ in pairs])
-        y = torch.cat([y for _, y in pairs])
-        return TorchLearner(
-            self.model, TensorDataset(x, y), TensorDataset(x[:0], y[:0]),
-            device=self.device, loss_fn=self.loss_fn,
-        )
-
-    def train(self, *args: Any, **kwargs: Any) -> tuple[ArrayRecord, float]:
-        """Refused: the user's own handler trains."""
-        raise RuntimeError("ClusteredClient trains with the app's own @app.train handler")
-
-    def gradient(self, arrays: ArrayRecord) -> tuple[ArrayRecord, float]:
-        """Refused: IFCA's gradient option needs the built-in learner."""
-        raise ValueError(GRADIENT_REFUSED)
-
-    @torch.no_grad()
-    def per_sample_losses(self, arrays: ArrayRecord, split: str = "train") -> np.ndarray:
-        """Loss of every sample of ``split`` under ``arrays``."""
-        self._load(arrays)
-        self.model.eval()
-        out = [self.loss_fn(self.model(x), y).cpu() for x, y in self._batches(split)]
-        return torch.cat(out).numpy() if out else np.zeros(0)
-
-    @torch.no_grad()
-    def per_sample_correct(self, arrays: ArrayRecord, split: str = "test") -> np.ndarray:
-        """Whether ``arrays`` classifies each sample of ``split`` correctly."""
-        self._load(arrays)
-        self.model.eval()
-        out = [(self.model(x).argmax(dim=1) == y).cpu() for x, y in self._batches(split)]
-        return torch.cat(out).numpy() if out else np.zeros(0, dtype=bool)
-
-    def evaluate(self, arrays: ArrayRecord, split: str = "test") -> tuple[float, float]:
-        """Mean loss and accuracy of ``arrays`` on ``split``."""
-        losses = self.per_sample_losses(arrays, split)
-        if losses.size == 0:
-            raise ValueError(f"split {split!r} of this client is empty")
-        return float(losses.mean()), float(self.per_sample_correct(arrays, split).mean())
-
-    def feature_mean(self, split: str, num_samples: int, seed: int = 0) -> np.ndarray:
-        """Mean of ``num_samples`` randomly drawn flattened inputs of ``split`` (MCFL)."""
-        inputs = torch.cat([x.reshape(len(x), -1).cpu() for x, _ in self._batches(split)])
-        idx = np.random.default_rng(seed).choice(
-            len(inputs), size=min(num_samples, len(inputs)), replace=False
-        )
-        return inputs[idx].mean(dim=0).numpy().astype(np.float64)
 
 
 class ClusteredClient:
@@ -300,7 +115,9 @@ class ClusteredClient:
         # FedProx/FedSoft centres of the message being handled, for regularizer().
         self._centers: list[tuple[dict[str, torch.Tensor], float]] = []
         self._guard_registration(app)
-        self._register_queries(app, metadata_fn)
+        register_queries(
+            app, ClientNode(self.learner, metadata_fn or no_metadata, load_at_handshake=False)
+        )
         pass_ray_messages_inline()
 
     def learner(self, context: Context) -> LoaderLearner:
@@ -329,10 +146,7 @@ class ClusteredClient:
         FedSoft's centres. Zero when the server sent none, so adding it always is safe.
         """
         zero = next(net.parameters()).new_zeros(())
-        return zero + sum(
-            weight / 2 * sum(((w - center[name]) ** 2).sum() for name, w in net.named_parameters())
-            for center, weight in self._centers
-        )
+        return with_proximal_terms(zero, dict(net.named_parameters()), self._centers)
 
     def train(self, handler: Handler) -> Handler:
         """Wrap a FedAvg-style ``@app.train`` handler."""
@@ -340,7 +154,7 @@ class ClusteredClient:
         @wraps(handler)
         def wrapped(message: Message, context: Context) -> Message:
             learner = self.learner(context)
-            config = _config(message)
+            config = task_config(message)
             if config.get(p.CFG_RETURN, "model") == "gradient":
                 raise ValueError(GRADIENT_REFUSED)
             if is_mixture(message):
@@ -348,14 +162,8 @@ class ClusteredClient:
                 # the app's handler cannot; fl-clusters' SGD trains the components
                 # with the server's lr, local-epochs/local-steps and batch-size.
                 return fedem_train(learner.in_memory(), message, context)
-            persistent = bool(config.get(p.CFG_PERSISTENT, False))
-            own = context.state.array_records.get(LOCAL_MODEL) if persistent else None
-            models = _candidate_models(message, own)
-            cluster, losses = _choose_cluster(learner, models, config, context)
-            start = models[cluster]
-            if persistent:
-                start = own or start
-            self._centers = self._proximal_centers(message, config, models[cluster])
+            choice = choose_for_training(learner, message, context)
+            self._centers = centers_on(choice.centers, self.device or torch.device("cpu"))
             # The handler runs its own loop whatever local-steps asked; counting its
             # optimizer steps tells the server what it did. The hook sees every
             # optimizer of the process: one handler runs at a time per node.
@@ -364,17 +172,15 @@ class ClusteredClient:
                 lambda *_: steps_done.__setitem__(0, steps_done[0] + 1)
             )
             try:
-                reply = self._call(handler, message, start, context)
+                reply = self._call(handler, message, choice.arrays, context)
             finally:
                 counter.remove()
                 self._centers = []
             metrics = self._reply_metrics(reply)
             if steps_done[0] and p.M_STEPS_DONE not in metrics:
                 metrics[p.M_STEPS_DONE] = steps_done[0]
-            if len(models) > 1:
-                metrics[p.M_CLUSTER] = cluster
-                metrics[p.M_CLUSTER_LOSSES] = losses
-            if persistent and p.ARRAYS in reply.content.array_records:
+            choice.add_metrics(metrics)
+            if is_persistent(config) and p.ARRAYS in reply.content.array_records:
                 context.state[LOCAL_MODEL] = reply.content.array_records[p.ARRAYS]
             record_training(context, learner.device)
             return reply
@@ -388,27 +194,18 @@ class ClusteredClient:
         @wraps(handler)
         def wrapped(message: Message, context: Context) -> Message:
             learner = self.learner(context)
-            config = _config(message)
-            split = str(config.get(p.CFG_SPLIT, "test"))
+            split = str(task_config(message).get(p.CFG_SPLIT, "test"))
             if split != "test":
                 # The user's handler evaluates on its own test data whatever the
                 # server asks, and ACFL's trials decide the clusters: they are
                 # scored here, with the user's model, on the loader of that split.
-                return _evaluate(learner, message, context)
+                return evaluate_reply(learner, message, context)
             if is_mixture(message):
                 # FedEM's prediction is the node's mixture of every component.
                 return fedem_evaluate(learner, message, context)
-            models = _candidate_models(message)
-            cluster = _mcfl_choice(learner, len(models), config, "test")
-            if cluster is None:
-                cluster, _ = _choose_cluster(learner, models, config, context)
-            arrays = models[cluster]
-            if bool(config.get(p.CFG_PERSISTENT, False)):
-                arrays = context.state.array_records.get(LOCAL_MODEL) or arrays
-            reply = self._call(handler, message, arrays, context)
-            metrics = self._reply_metrics(reply)
-            if len(models) > 1:
-                metrics[p.M_CLUSTER] = cluster
+            choice = choose_for_evaluation(learner, message, context, "test")
+            reply = self._call(handler, message, choice.arrays, context)
+            choice.add_metrics(self._reply_metrics(reply))
             return reply
 
         setattr(wrapped, WRAPPED_AS, "evaluate")
@@ -469,31 +266,28 @@ class ClusteredClient:
 
             setattr(app, category, checked)
 
-    def _proximal_centers(
-        self, message: Message, config: ConfigRecord, chosen: ArrayRecord
-    ) -> list[tuple[dict[str, torch.Tensor], float]]:
-        pairs = proximal_centers(message, config, chosen)
-        device = self.device or torch.device("cpu")
-        return [
-            ({k: v.to(device) for k, v in c.to_torch_state_dict().items()}, w)
-            for c, w in pairs
-            if w > 0
-        ]
-
     @staticmethod
     def _call(handler: Handler, message: Message, arrays: ArrayRecord, context: Context) -> Message:
         """Call ``handler`` on a FedAvg-shaped copy of ``message``'s content.
 
         The content is swapped in place, so the handler's ``reply_to=message``
-        answers the original message; it is restored afterwards.
+        answers the original message; it is restored afterwards. The handler runs
+        with torch's random generator seeded from the round and the node's key
+        (the built-in learner's batch seed), and the generator's state is restored
+        after: a user's ``DataLoader(shuffle=True)`` or dropout draws from it, and
+        which Ray actor ran the node's last task would otherwise decide the draws,
+        so the same seed would not give the same run.
         """
         original = message.content
         content = RecordDict({p.ARRAYS: arrays})
         for key, record in original.config_records.items():
             content[key] = record
         message.content = content
+        seed = sgd_settings(task_config(message), context)["seed"]
         try:
-            return handler(message, context)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                return handler(message, context)
         finally:
             message.content = original
 
@@ -517,33 +311,3 @@ class ClusteredClient:
                 f"'{p.METRICS}' record; strategies weight every reply by it"
             )
         return metrics
-
-    def _register_queries(
-        self, app: ClientApp, metadata_fn: Callable[[Context], Mapping[str, Any]] | None
-    ) -> None:
-        @app.query("report")
-        def report(message: Message, context: Context) -> Message:
-            metadata = metadata_fn(context) if metadata_fn else {}
-            reply = _report(self.learner(context), message, context, metadata)
-            reply.content[PLACEMENT] = placement_report(context)
-            return reply
-
-        @app.query("sample_assignment")
-        def sample_assignment(message: Message, context: Context) -> Message:
-            return _sample_assignment(self.learner(context), message)
-
-        @app.query("cluster_losses")
-        def cluster_losses(message: Message, context: Context) -> Message:
-            return _cluster_losses(self.learner(context), message)
-
-        @app.query("features")
-        def features(message: Message, context: Context) -> Message:
-            return _features(self.learner(context), message, context)
-
-        @app.query("identity")
-        def identity(message: Message, context: Context) -> Message:
-            metadata = metadata_fn(context) if metadata_fn else {}
-            return _identity(message, context, metadata.get("true-cluster"))
-
-        app.query("state")(_kept_state)
-        app.query("restore")(_restore_state)

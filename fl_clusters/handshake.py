@@ -1,7 +1,8 @@
-"""The start-up handshake: who each node is, asked once before any round.
+"""Who each node is: the start-up handshake, and the node registry built on it.
 
 Simulated node ids are random per run; each node's stable key (``query.identity``)
-is what orders and samples nodes, so that the same seed gives the same run. The
+is what orders and samples nodes, so that the same seed gives the same run, and
+what finds a node again when a run resumes from its checkpoint. The
 same reply may carry the node's ground-truth group when its app knows one (for
 progress lines and scores only: no strategy sees it), and a node that cannot take
 part (its data set is missing) says so here, before round 1. A node whose app has
@@ -10,10 +11,13 @@ no identity handler, or raises, is only logged: it still trains.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from logging import WARNING
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
@@ -60,6 +64,9 @@ def client_error_message(reason: str) -> str:
 def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> NodeIdentities:
     """Ask ``nodes`` who they are (``query.identity``), waiting at most ``timeout``.
 
+    A node whose app has no identity handler, or that answers with no whole
+    ``node-key`` >= 0, is logged once and gets no key.
+
     Parameters
     ----------
     grid : Grid
@@ -98,4 +105,92 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
             metrics, p.M_TRUE_GROUP, GROUP_FIELD  # type: ignore[arg-type]
         ) is None:
             found.groups[node] = int(metrics[p.M_TRUE_GROUP])  # type: ignore[index,arg-type]
+    for node, problem in sorted(found.problems.items()):
+        log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
+            "random node id, so runs with it may not repeat", node, problem)
     return found
+
+
+class NodeRegistry:
+    """The nodes a strategy knows by stable key: their order, sampling, and a resume.
+
+    A strategy keeps one; fl-clusters' ServerApp fills it from the start-up
+    handshake, and the strategy asks a node that joins later when it first sees it
+    (:meth:`learn`). Nodes without a key come after the keyed ones, by their
+    (random) id.
+
+    Attributes
+    ----------
+    keys : dict[int, int | None]
+        Node id -> stable key (``None``: the node gave none).
+    started : bool
+        Whether the strategy's start-up handshake ran: from then on a node not
+        seen before is asked for its key when the strategy lists it.
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[int, int | None] = {}
+        self.started = False
+
+    def order(self, node: int) -> tuple[int, int, int]:
+        """Sort key of ``node``: its stable key, then (for nodes without one) its id."""
+        key = self.keys.get(node)
+        return (0, key, node) if key is not None else (1, 0, node)
+
+    def in_order(self, nodes: Iterable[int]) -> list[int]:
+        """``nodes`` sorted by :meth:`order`."""
+        return sorted(nodes, key=self.order)
+
+    def replies_in_order(self, replies: Iterable[Message]) -> list[Message]:
+        """``replies`` sorted by their sender's :meth:`order`: sums in that order repeat."""
+        return sorted(replies, key=lambda m: self.order(m.metadata.src_node_id))
+
+    def adopt(self, identities: NodeIdentities) -> None:
+        """Keep the keys the handshake found (:func:`identify_nodes`)."""
+        self.keys.update(identities.keys)
+
+    def learn(self, grid: Grid, nodes: Iterable[int], timeout: float | None) -> int:
+        """Ask the nodes of ``nodes`` not known yet for their key.
+
+        Returns
+        -------
+        int
+            How many of their replies were errors or malformed (rejected).
+        """
+        missing = sorted(set(nodes) - set(self.keys))
+        if not missing:
+            return 0
+        found = identify_nodes(grid, missing, timeout)
+        self.adopt(found)
+        return len(found.problems)
+
+    def sample(self, nodes: Iterable[int], fraction: float, rng: np.random.Generator) -> list[int]:
+        """Draw ``fraction`` of ``nodes`` (at least one) with ``rng``, in key order.
+
+        Positions are drawn among the nodes sorted by :meth:`order`, so the same
+        seed samples the same partitions in every run.
+        """
+        ordered = self.in_order(nodes)
+        size = max(1, round(len(ordered) * fraction))
+        # Draw positions, not ids: node ids are uint64 and numpy would turn a list
+        # of them into float64, rounding them into ids that do not exist.
+        chosen = rng.choice(len(ordered), size=min(size, len(ordered)), replace=False)
+        return self.in_order(ordered[int(i)] for i in chosen)
+
+    def moved_ids(self, keys_now: Mapping[int, int | None]) -> dict[int, int]:
+        """Old node id -> new node id of the known nodes a resumed run finds again.
+
+        A resumed run is a new Flower run whose node ids differ; a node is found
+        again by its key in ``keys_now`` (the resumed run's handshake). Keys no node
+        holds now are logged: those nodes count as lost.
+        """
+        node_by_key = {key: node for node, key in keys_now.items() if key is not None}
+        missing = sorted(key for key in self.keys.values()
+                         if key is not None and key not in node_by_key)
+        if missing:
+            log(WARNING, "resume: no node holds key(s) %s now; their clusters keep their "
+                "models and the nodes count as lost", missing)
+        return {
+            old: node_by_key[key] for old, key in self.keys.items()
+            if key is not None and key in node_by_key and node_by_key[key] != old
+        }

@@ -61,6 +61,30 @@ def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
                 p.add_(p.grad, alpha=-lr)
 
 
+def centers_on(
+    proximal_centers: Iterable[tuple[ArrayRecord, float]], device: torch.device
+) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """The proximal centres that pull (weight > 0), as tensors on ``device``."""
+    return [
+        ({name: t.to(device) for name, t in center.to_torch_state_dict().items()}, weight)
+        for center, weight in proximal_centers
+        if weight > 0
+    ]
+
+
+def with_proximal_terms(
+    loss: torch.Tensor,
+    params: dict[str, torch.Tensor],
+    centers: list[tuple[dict[str, torch.Tensor], float]],
+) -> torch.Tensor:
+    """``loss`` plus ``weight / 2 * ||w - centre||^2`` for every (centre, weight)."""
+    for center, weight in centers:
+        loss = loss + weight / 2 * sum(
+            ((p - center[name]) ** 2).sum() for name, p in params.items()
+        )
+    return loss
+
+
 def arrays_digest(arrays: ArrayRecord) -> bytes:
     """A digest of a model's names, dtypes, shapes and bytes: equal digests, equal models."""
     digest = hashlib.blake2b(digest_size=16)
@@ -235,13 +259,7 @@ class TorchLearner:
         weights = self._sample_weights(sample_weights)
         self._load(arrays)
         params = dict(self.model.named_parameters())
-        centers = [
-            ({name: c[name].to(self.device) for name in params}, weight)
-            for c, weight in (
-                (center.to_torch_state_dict(), weight) for center, weight in proximal_centers
-            )
-            if weight > 0
-        ]
+        centers = centers_on(proximal_centers, self.device)
         generator = torch.Generator().manual_seed(seed)
         total_steps = self.num_steps(batch_size, epochs, steps)
         self.model.train()
@@ -257,10 +275,7 @@ class TorchLearner:
                 per_sample = self.loss_fn(self.model(x), y)
                 loss = (per_sample if weights is None else per_sample * weights[idx]).mean()
                 losses.append(float(loss.detach()))
-                for center, weight in centers:
-                    loss = loss + weight / 2 * sum(
-                        ((p - center[name]) ** 2).sum() for name, p in params.items()
-                    )
+                loss = with_proximal_terms(loss, params, centers)
                 loss.backward()
                 _sgd_step(self.model.parameters(), lr)
                 if len(losses) >= total_steps:

@@ -1,21 +1,14 @@
-"""Metrics of a clustered federation: cluster recovery, accuracies, communication."""
+"""Scores of a clustered federation: cluster recovery and accuracies against ground truth."""
 
 from __future__ import annotations
 
-import os
-import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import Message, RecordDict
-from flwr.serverapp import Grid
-from flwr.superlink.grid import InMemoryGrid
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from fl_clusters import protocol as p
 from fl_clusters.clustering import nearest_feature
 
 
@@ -88,172 +81,6 @@ def intra_inter_accuracy(
     intra = float(scores[same].mean())
     inter = float(scores[~same].mean()) if (~same).any() else float("nan")
     return intra, inter
-
-
-def record_bytes(content: RecordDict) -> int:
-    """Bytes of a message's records (arrays, metrics and configs)."""
-    return sum(record.count_bytes() for record in content.values())
-
-
-# Replies are pulled after PULL_FIRST_S, then every PULL_SHARE of the time waited so
-# far, at most every PULL_MAX_S. Flower's grids sleep a fixed 0.1 s (InMemoryGrid,
-# simulation) or 3 s (HttpGrid, deployment) between pulls: most of a short round.
-PULL_FIRST_S = 0.002
-PULL_SHARE = 0.05
-PULL_MAX_S = 0.5
-# In simulation at most this many messages per CPU core wait in Flower's in-memory
-# state at once: its dispatcher checks every stored message for every node every
-# 0.1 s, so a tick costs nodes x stored messages and takes its cycles from the
-# ClientApp actors. At 1,000 clients on 2 cores a window of 32 was the fastest
-# measured (8 starved the actors, 128 and 512 were slower); on 16 cores 128 and
-# 1,000 tie (docs/performance.md).
-SIMULATION_IN_FLIGHT_PER_CORE = 16
-
-
-def simulation_in_flight() -> int:
-    """The default message window in simulation: ``SIMULATION_IN_FLIGHT_PER_CORE``
-    times the CPU cores this process may run on (Flower's simulation runs its actors
-    on the same machine)."""
-    # sched_getaffinity honours CPU limits set on the process; it is Linux-only.
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
-    return SIMULATION_IN_FLIGHT_PER_CORE * cores
-
-
-class MeteredGrid(Grid):
-    """A Grid that counts the bytes of every message content it sends and receives.
-
-    It wraps the Grid Flower hands the ServerApp, so it meters any strategy,
-    Flower's own included, without touching it. Traffic is tallied per
-    ``server-round`` (read from the outgoing config, 0 when absent).
-
-    ``send_and_receive`` pushes and pulls through the wrapped grid itself, pulling
-    at an interval that grows with the wait (2 ms at first, 5 % of the time
-    waited since the last push, at most 0.5 s), so a reply is collected within
-    5 % of the round's time instead of after Flower's fixed pull interval.
-
-    With ``node_order`` set it also lists nodes and returns replies in that order,
-    so a strategy that draws among the listed nodes by position (Flower's FedAvg
-    with a seeded ``random``) or sums replies in arrival order repeats its run.
-
-    Parameters
-    ----------
-    grid : Grid
-        The Grid to wrap.
-    max_in_flight : int | None
-        Most messages pushed and not yet answered at once; the rest are pushed as
-        replies come in. ``None``: :func:`simulation_in_flight` (16 a CPU core) for
-        Flower's simulation grid (``InMemoryGrid``), no limit otherwise (deployed
-        SuperNodes fetch their own messages, and all should train at once).
-    """
-
-    def __init__(self, grid: Grid, max_in_flight: int | None = None) -> None:
-        if max_in_flight is not None and max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
-        if max_in_flight is None and isinstance(grid, InMemoryGrid):
-            max_in_flight = simulation_in_flight()
-        self.max_in_flight = max_in_flight
-        self._grid = grid
-        self.node_order: Callable[[int], Any] | None = None
-        self.sent: dict[int, int] = defaultdict(int)
-        self.received: dict[int, int] = defaultdict(int)
-        # Messages whose reply did not come before the timeout (late, or the node left).
-        self.unanswered = 0
-        # Every node id the grid ever listed, to tell joined and lost nodes apart.
-        self.nodes_seen: set[int] = set()
-
-    @property
-    def bytes_sent(self) -> int:
-        """Bytes of all message contents sent."""
-        return sum(self.sent.values())
-
-    @property
-    def bytes_received(self) -> int:
-        """Bytes of all reply contents received."""
-        return sum(self.received.values())
-
-    def set_run(self, run_id: int) -> None:  # type: ignore[override]
-        """Delegate to the wrapped grid."""
-        self._grid.set_run(run_id)
-
-    @property
-    def run(self):  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        """Delegate to the wrapped grid, remembering every node it lists."""
-        nodes = list(self._grid.get_node_ids())
-        self.nodes_seen.update(nodes)
-        return nodes if self.node_order is None else sorted(nodes, key=self.node_order)
-
-    def get_nodes(self):  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.get_nodes()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Count and push messages."""
-        messages = list(messages)
-        self._count_sent(messages)
-        return self._grid.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Pull and count replies."""
-        replies = list(self._grid.pull_messages(message_ids))
-        self._count_received(replies, 0)
-        return replies
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        """Send, receive and count; wait at most ``timeout`` seconds (``None``: for all)."""
-        messages = list(messages)
-        server_round = self._count_sent(messages)
-        window = self.max_in_flight or max(1, len(messages))
-        waiting = messages[::-1]  # popped from the end: sent in the given order
-        pending: set[str] = set()
-        replies: list[Message] = []
-        start = pushed_at = time.monotonic()
-        while True:
-            if waiting and len(pending) < window:
-                batch = [waiting.pop() for _ in range(min(len(waiting), window - len(pending)))]
-                pending.update(self._grid.push_messages(batch))
-                pushed_at = time.monotonic()
-            pulled = list(self._grid.pull_messages(pending))
-            replies += pulled
-            pending.difference_update(m.metadata.reply_to_message_id for m in pulled)
-            now = time.monotonic()
-            if (not pending and not waiting) or (timeout is not None and now - start >= timeout):
-                break
-            if pulled and waiting:
-                continue  # free slots: push the next messages now
-            pause = min(max(PULL_FIRST_S, PULL_SHARE * (now - pushed_at)), PULL_MAX_S)
-            time.sleep(pause if timeout is None else min(pause, start + timeout - now))
-        self._count_received(replies, server_round)
-        self.unanswered += max(0, len(messages) - len(replies))
-        if self.node_order is not None:
-            replies.sort(key=lambda m: self.node_order(m.metadata.src_node_id))  # type: ignore[misc]
-        return replies
-
-    def _count_sent(self, messages: list[Message]) -> int:
-        server_round = 0
-        for msg in messages:
-            config = msg.content.config_records.get(p.CONFIG)
-            if config is not None and p.CFG_ROUND in config:
-                server_round = int(config[p.CFG_ROUND])  # type: ignore[arg-type]
-            self.sent[server_round] += record_bytes(msg.content)
-        return server_round
-
-    def _count_received(self, replies: list[Message], server_round: int) -> None:
-        for msg in replies:
-            if msg.has_content():
-                self.received[server_round] += record_bytes(msg.content)
 
 
 def pooled_group_accuracy(correct: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -36,6 +36,17 @@ QUERY_CLUSTER_LOSSES = "query.cluster_losses"
 QUERY_IDENTITY = "query.identity"  # start-up handshake: the node's stable key
 QUERY_STATE = "query.state"  # checkpoint: what the node keeps between rounds
 QUERY_RESTORE = "query.restore"  # resume: the kept state, sent back
+# Every query a server may send: a ClientApp registers one handler for each
+# (fl_clusters.client.queries.QUERIES maps them to the handlers).
+QUERY_TYPES = (
+    QUERY_REPORT,
+    QUERY_SAMPLE_ASSIGNMENT,
+    QUERY_CLUSTER_LOSSES,
+    QUERY_FEATURES,
+    QUERY_IDENTITY,
+    QUERY_STATE,
+    QUERY_RESTORE,
+)
 
 # Config keys sent by the server.
 CFG_ROUND = "server-round"
@@ -67,6 +78,7 @@ M_FEATURE_MEAN = "feature-mean"  # MCFL: mean of n sampled training inputs
 M_CLUSTER_LOSSES = "cluster-losses"  # mean training loss of every cluster model
 M_COUNTS = "counts"  # FedSoft: training samples each cluster model fits best
 M_NODE_KEY = "node-key"  # identity: partition-id, else a hash of the node config
+M_MIXTURE_WEIGHTS = "mixture-weights"  # FedEM: the node's pi, one per component
 # Optimizer steps the node's training actually took: a user's own train() runs its
 # own loop whatever local-steps asked, and the server logs what was done.
 M_STEPS_DONE = "local-steps-done"
@@ -152,10 +164,14 @@ def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str |
     if np.any(values < field.low) or np.any(values > field.high):
         return f"'{name}' = {value} is outside [{field.low:g}, {field.high:g}]"
     return None
-M_MIXTURE_WEIGHTS = "mixture-weights"  # FedEM: the node's pi, one per component
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")
+
+
+def action_of(message_type: str) -> str:
+    """The action a ClientApp registers ``message_type`` under ("query.report" -> "report")."""
+    return message_type.partition(".")[2]
 
 
 def cluster_prefix(cluster: int) -> str:

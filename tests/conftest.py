@@ -1,19 +1,29 @@
-"""Shared fixtures: run a real Flower simulation (Ray backend) and read its summary."""
+"""Shared fixtures and fakes.
+
+A real Flower simulation (Ray backend) and its summary, a fresh checkout for
+`flwr run`, the run identity Flower gives an app process, and the grid stand-ins
+and hand-made models that drive a strategy's glue without Ray.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.simulation import run_simulation
+from flwr.supercore.task_identity import TaskIdentity
 
+from fl_clusters import protocol as p
 from fl_clusters.client_app import build_client_app
 from fl_clusters.server_app import build_server_app
 
@@ -25,7 +35,6 @@ VENV_BIN = Path(sys.executable).parent
 def stop_local_superlink() -> None:
     """Stop the local SuperLink `flwr run` leaves running (deploy/stop-local-superlink.sh)."""
     subprocess.run([str(ROOT / "deploy" / "stop-local-superlink.sh"), "--quiet"], check=False)
-
 
 
 
@@ -99,3 +108,132 @@ def fresh_checkout(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str]]
     stop_local_superlink()
     yield app, home, env
     stop_local_superlink()
+
+
+@pytest.fixture
+def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run identity Flower gives an app process; Message() needs it."""
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+# ----------------------------------------------------------- grid stand-ins
+class NodesOnly:
+    """Just enough of a Grid for configure_train: a fixed list of nodes."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+
+class SilentNodes(NodesOnly):
+    """NodesOnly whose nodes never answer a strategy-internal message."""
+
+    def __init__(self, nodes: list[int]) -> None:
+        super().__init__(nodes)
+        self.placements: list[int] = []
+
+    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
+        self.placements += [m.metadata.dst_node_id for m in messages]
+        return []
+
+
+class StubGrid:
+    """Just enough of a Grid for configure_* calls: fixed nodes, canned query replies."""
+
+    def __init__(self, nodes: list[int], features: dict[int, list[float]] | None = None) -> None:
+        self.nodes = nodes
+        self.features = features or {}
+        self._pushed: list[Message] = []  # pushed, reply not pulled yet
+        self._ids = itertools.count()
+
+    def get_node_ids(self) -> list[int]:
+        return self.nodes
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        # What a grid does on push: give every message a new id (MeteredGrid pulls by id)
+        # and keep it until its reply is pulled.
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"
+            self._pushed.append(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        wanted = set(message_ids)
+        pushed = [msg for msg in self._pushed if msg.metadata.message_id in wanted]
+        self._pushed = [msg for msg in self._pushed if msg not in pushed]
+        return self.send_and_receive(pushed) if pushed else []
+
+    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
+        replies = []
+        for msg in messages:
+            if msg.metadata.message_type == p.QUERY_IDENTITY:
+                # Keys in the reverse order of the ids: ordering must follow the keys.
+                key = 1000 - msg.metadata.dst_node_id
+                replies.append(Message(RecordDict({p.METRICS: MetricRecord(
+                    {p.M_NODE_KEY: key})}), reply_to=msg))
+                continue
+            assert msg.metadata.message_type == p.QUERY_FEATURES
+            metrics = MetricRecord(
+                {
+                    p.M_FEATURE_MEAN: self.features[msg.metadata.dst_node_id],
+                    p.M_NUM_EXAMPLES: 10,
+                }
+            )
+            replies.append(Message(RecordDict({p.METRICS: metrics}), reply_to=msg))
+        return replies
+
+
+class TimedGrid(StubGrid):
+    """A StubGrid that records the timeout of every send."""
+
+    def __init__(self, nodes: list[int], features: dict[int, list[float]]) -> None:
+        super().__init__(nodes, features)
+        self.timeouts: list[float | None] = []
+
+    def send_and_receive(  # type: ignore[override]
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        self.timeouts.append(timeout)
+        return super().send_and_receive(messages)
+
+
+class FailingGrid(TimedGrid):
+    """Every node answers every query with an error."""
+
+    def send_and_receive(  # type: ignore[override]
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        self.timeouts.append(timeout)
+        return [Message(Error(code=0, reason="simulated crash"), reply_to=m) for m in messages]
+
+
+# ------------------------------------------------------------ hand-made models
+# The 3x4 linear model the CFL glue tests start from.
+START = p.numpy_to_record(
+    ["layer.weight", "layer.bias"], [np.zeros((3, 4), np.float32), np.zeros(3, np.float32)]
+)
+# A body and a head layer: what IFCA's weight sharing and warm start tell apart.
+TWO_LAYER_NAMES = ["body.weight", "head.weight"]
+
+
+def two_layer_model(body: float, head: np.ndarray | float) -> ArrayRecord:
+    """A body filled with ``body`` and a 4-value head ``head`` (broadcast)."""
+    return p.numpy_to_record(
+        TWO_LAYER_NAMES,
+        [np.full((2, 3), body, np.float32), np.broadcast_to(head, (4,)).astype(np.float32)],
+    )
+
+
+def train_reply(
+    request: Message, arrays: ArrayRecord, examples: int, cluster: int | None
+) -> Message:
+    """A node's train reply to ``request``: ``arrays``, its example count and cluster."""
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: examples, p.M_TRAIN_LOSS: 0.5})
+    if cluster is not None:
+        metrics[p.M_CLUSTER] = cluster
+    return Message(RecordDict({p.ARRAYS: arrays, p.METRICS: metrics}), reply_to=request)

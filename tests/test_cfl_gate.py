@@ -21,7 +21,6 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 from sklearn.datasets import load_digits
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -36,8 +35,7 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.models import MLP
 from fl_clusters.strategies import ACFL, CFL
-from tests.conftest import Federation
-from tests.test_cfl_acfl import START, NodesOnly
+from tests.conftest import START, Federation, NodesOnly
 
 QUICKSTART_CLIENTS = 6
 TESTS = Path(__file__).resolve().parent
@@ -145,13 +143,6 @@ def test_cfl_defaults_split_a_quickstart_trained_with_the_users_optimizer(
 
 
 # ------------------------------------------------------------ the gate, no Ray
-@pytest.fixture
-def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives a ServerApp process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
-
-
 def test_coherence_is_free_of_any_common_scale() -> None:
     rng = np.random.default_rng(0)
     updates = rng.normal(size=(6, 40)) + np.r_[3.0, np.zeros(39)]
@@ -336,9 +327,11 @@ def test_fl_hc_says_why_it_cut_where_it_did() -> None:
 def test_acfl_phase_1_gate_says_what_it_compared() -> None:
     acfl = ACFL(converge_window=2, converge_tolerance=0.1)
     acfl._phase1_norms = [0.4, 0.45]
-    assert "2 of the 4 rounds of norms the test compares" in acfl._gate_text(0.45, 0.6)
+    assert "2 of the 4 rounds of norms the test compares" in acfl._phase1_gate(0.45, 0.6)[1]
     acfl._phase1_norms = [0.4, 0.45, 0.43, 0.41]
-    text = acfl._gate_text(0.41, 0.6)
+    converged, text = acfl._phase1_gate(0.41, 0.6)
+    assert converged
     assert "last 2 rounds 0.42 against 0.425 before: change 1.2% <= 10%" in text
     absolute = ACFL(gate="absolute", mean_norm_max=0.4, max_norm_min=0.0)
-    assert absolute._gate_text(0.45, 0.6) == "mean update norm 0.45 >= 0.4, max 0.6 > 0"
+    assert absolute._phase1_gate(0.45, 0.6) == (
+        False, "mean update norm 0.45 >= 0.4, max 0.6 > 0")

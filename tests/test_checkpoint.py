@@ -53,7 +53,7 @@ def test_remap_node_ids_moves_ids_everywhere_and_leaves_small_numbers() -> None:
 def _checkpoint(settings: dict[str, Any], server_round: int = 2) -> Checkpoint:
     return Checkpoint(
         server_round=server_round, settings=settings, strategy=IFCA(num_clusters=2),
-        arrays=ArrayRecord(), train_metrics={}, evaluate_metrics={}, node_keys={},
+        arrays=ArrayRecord(), train_metrics={}, evaluate_metrics={},
         client_states={}, start_nodes=[], nodes_seen=set(), sent={}, received={}, unanswered=0,
     )
 

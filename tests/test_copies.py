@@ -1,5 +1,6 @@
 """Copies of a client's update (the same data and seed, a device that reports twice)
-must not change how the other clients are grouped: FL+HC's cut and WeCFL's k-means.
+must not change how the other clients are grouped: FL+HC's cut, WeCFL's k-means and
+CFL's split proposal.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from fl_clusters.clustering import UpdateHierarchy, initial_kmeans
+from fl_clusters.clustering.bipartition import (
+    MIN_SPLIT_MEMBERS,
+    bipartition_by_cosine,
+    decide_cfl_split,
+)
 from fl_clusters.clustering.hierarchical import distinct_updates
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
+from fl_clusters.clustering.similarity import pairwise_cosine
 
 
 def _groups(seed: int, num_groups: int, per_group: int, dim: int,
@@ -162,3 +169,37 @@ def test_a_copy_never_regroups_the_other_models_of_wecfl(
     before = recluster_kmeans(points, sizes, previous)
     after = recluster_kmeans(extended, extended_sizes, previous)
     np.testing.assert_array_equal(before, after[originals])
+
+
+# --------------------------------------------------------------------- CFL
+@settings(max_examples=60, deadline=None)
+@given(
+    copy=copies,
+    num_groups=st.integers(1, 4),
+    per_group=st.integers(1, 6),
+    dim=st.integers(2, 30),
+    spread=st.sampled_from([0.05, 0.2, 0.5, 1.0]),
+)
+def test_a_copy_never_regroups_the_other_updates_of_cfl_bipartition(
+    copy: dict, num_groups: int, per_group: int, dim: int, spread: float
+) -> None:
+    """CFL's split proposal (complete linkage of cosine similarities): a copy joins its
+    source's side, and every other update stays on the side it was on."""
+    points, _ = _groups(copy["seed"], num_groups, per_group, dim, spread)
+    assume(points.shape[0] >= 2)
+    source = copy["source"] % points.shape[0]
+    extended, originals = _with_copy(points, source, copy["position"], copy["noise"],
+                                     copy["seed"])
+    before = decide_cfl_split(points, 0.0, 0.0, 1.0, norms_qualify=True)
+    after = decide_cfl_split(extended, 0.0, 0.0, 1.0, norms_qualify=True)
+    copied = np.setdiff1d(np.arange(extended.shape[0]), originals)[0]
+    if points.shape[0] >= MIN_SPLIT_MEMBERS:
+        assert before.split and after.split
+        assert _same_partition(before.labels, after.labels[originals])
+        assert after.labels[copied] == after.labels[originals[source]]
+        # The copy is as similar to the other side as its source: the test that
+        # decides whether the split is sound sees the same largest cross similarity.
+        assert after.max_cross_similarity == pytest.approx(before.max_cross_similarity,
+                                                           abs=1e-6)
+    labels, _ = bipartition_by_cosine(pairwise_cosine(extended))
+    assert labels[copied] == labels[originals[source]]

@@ -1,8 +1,9 @@
-"""docs/strategies.md is what docs/generate_strategies.py makes of the classes."""
+"""The docs agree with the code: the generated pages, and every path a page names."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,23 @@ def test_the_strategies_page_matches_the_classes() -> None:
     )
 
 
+def test_the_paper_fidelity_page_lists_every_declared_departure() -> None:
+    current = (DOCS / "paper-fidelity.md").read_text()
+    assert _generator().fidelity() == current, (
+        "docs/paper-fidelity.md is out of date; run: python docs/generate_strategies.py"
+    )
+    assert "`threshold` (`flhc-threshold`) | `'gap'` | `'absolute'`" in current
+
+
+def test_pyproject_lists_the_declared_run_config_keys() -> None:
+    # Flower's CLI refuses a --run-config key that [tool.flwr.app.config] lacks.
+    current = (DOCS.parent / "pyproject.toml").read_text()
+    assert _generator().render_pyproject(current) == current, (
+        "pyproject.toml's [tool.flwr.app.config] is out of date with the strategies' "
+        "declarations; run: python docs/generate_strategies.py"
+    )
+
+
 def test_a_docstring_default_that_differs_from_the_signature_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -42,3 +60,40 @@ def test_the_run_config_keys_are_those_the_builder_reads() -> None:
     keys = _generator().run_config_keys("cfl")
     assert "cfl-min-silhouette" in keys and "cfl-eps1" in keys
     assert "seed" not in keys  # shared keys are listed once, under ClusteredStrategy
+
+
+ROOT = DOCS.parent
+# A path into the repository, as the docs write one in prose or in code spans.
+REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:docs|benchmarks|tests|examples|fl_clusters|deploy)/[\w./*-]*\w)")
+TEST_FILE = re.compile(r"(?<![\w/.-])(test_\w+\.py)\b")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def documents() -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def missing_targets(page: Path) -> list[str]:
+    """The paths ``page`` names (links, repository paths, test files) that do not exist."""
+    text = page.read_text()
+    missing = []
+    for target in LINK.findall(text):
+        if "://" in target or target.startswith(("#", "mailto:")):
+            continue
+        if not (page.parent / target.split("#")[0]).exists():
+            missing.append(target)
+    for target in REPO_PATH.findall(text):
+        if "/." in target:  # a folder the scripts create at run time (deploy/.state)
+            continue
+        if not (next(ROOT.glob(target), None) if "*" in target else (ROOT / target).exists()):
+            missing.append(target)
+    missing += [name for name in TEST_FILE.findall(text)
+                if not (ROOT / "tests" / name).exists()]
+    return missing
+
+
+@pytest.mark.parametrize("page", documents(), ids=lambda page: page.name)
+def test_every_path_a_page_names_exists(page: Path) -> None:
+    assert missing_targets(page) == []

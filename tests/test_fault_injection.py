@@ -18,9 +18,9 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
-from fl_clusters.client_app import build_client_app, node_key
+from fl_clusters.client.task import node_key
+from fl_clusters.client_app import build_client_app
 from tests.conftest import Federation
-from tests.test_fldc_awcfl_mcfl import server_identity  # noqa: F401
 
 ROUND_TIMEOUT = 20.0
 FAULTS = ("crash", "inf-examples", "nan-model", "wrong-shape", "missing-key")
@@ -112,7 +112,7 @@ def test_every_strategy_finishes_through_injected_faults(
     assert all(np.all(np.isfinite(models[key])) for key in models.files)
 
 
-def test_the_injected_faults_are_a_quarter_and_repeat(server_identity: None) -> None:  # noqa: F811
+def test_the_injected_faults_are_a_quarter_and_repeat(server_identity: None) -> None:
     ctx = [Context(run_id=1, node_id=n, node_config={"partition-id": n}, state=RecordDict(),
                    run_config={}) for n in range(12)]
     messages = [Message(RecordDict({p.CONFIG: ConfigRecord({p.CFG_ROUND: r})}), dst_node_id=1,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -12,26 +11,12 @@ from flwr.serverapp.strategy import Result
 
 from fl_clusters import protocol as p
 from fl_clusters.config import parse_run_config
-from fl_clusters.server_app import write_results
+from fl_clusters.results import write_results
 from fl_clusters.strategies import IFCA
-from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
+from tests.conftest import FailingGrid, TimedGrid
 
 
-class TimedGrid(StubGrid):
-    """A StubGrid that records the timeout of every send."""
-
-    def __init__(self, nodes: list[int], features: dict[int, list[float]]) -> None:
-        super().__init__(nodes, features)
-        self.timeouts: list[float | None] = []
-
-    def send_and_receive(  # type: ignore[override]
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> list[Message]:
-        self.timeouts.append(timeout)
-        return super().send_and_receive(messages)
-
-
-def test_mcfl_feature_query_waits_at_most_the_round_timeout(server_identity: None) -> None:  # noqa: F811
+def test_mcfl_feature_query_waits_at_most_the_round_timeout(server_identity: None) -> None:
     grid = TimedGrid([1, 2], {1: [0.0, 1.0], 2: [1.0, 0.0]})
     strategy = IFCA(num_clusters=2, restarts=1, mcfl=True)
     arrays = ArrayRecord([np.zeros(2, dtype=np.float32)])
@@ -48,17 +33,7 @@ def test_an_empty_model_is_never_written(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-class FailingGrid(TimedGrid):
-    """Every node answers every query with an error."""
-
-    def send_and_receive(  # type: ignore[override]
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> list[Message]:
-        self.timeouts.append(timeout)
-        return [Message(Error(code=0, reason="simulated crash"), reply_to=m) for m in messages]
-
-
-def test_ifca_skips_its_restarts_when_every_client_fails(server_identity: None) -> None:  # noqa: F811
+def test_ifca_skips_its_restarts_when_every_client_fails(server_identity: None) -> None:
     grid = FailingGrid([1, 2, 3], {})
     strategy = IFCA(num_clusters=2, restarts=3, min_available_nodes=3)
     model = ArrayRecord([np.zeros(2, dtype=np.float32)])
@@ -70,7 +45,7 @@ def test_ifca_skips_its_restarts_when_every_client_fails(server_identity: None) 
 
 @pytest.mark.parametrize("init", ["random", "local-kmeans"])
 def test_a_run_whose_every_client_fails_stops_with_their_reasons(
-    server_identity: None, init: str  # noqa: F811
+    server_identity: None, init: str
 ) -> None:
     grid = FailingGrid([1, 2, 3], {})
     strategy = IFCA(num_clusters=2, init=init, min_available_nodes=3, max_failed_rounds=2)
@@ -81,15 +56,15 @@ def test_a_run_whose_every_client_fails_stops_with_their_reasons(
         strategy.start(grid, model, num_rounds=5)  # type: ignore[arg-type]
 
 
-def test_one_valid_round_resets_the_failed_round_count(server_identity: None) -> None:  # noqa: F811
+def test_one_valid_round_resets_the_failed_round_count(server_identity: None) -> None:
     strategy = IFCA(num_clusters=2, init="random", max_failed_rounds=2)
     failed = [Message(Error(code=0, reason="crash"), reply_to=m) for m in _train_requests()]
-    strategy.check_replies(failed, None, "aggregate_train")
+    strategy.check_replies(failed, None, "aggregate_train", trains=True)
     assert strategy.failed_rounds == 1
-    strategy.check_replies(_valid_replies(), None, "aggregate_train")
+    strategy.check_replies(_valid_replies(), None, "aggregate_train", trains=True)
     assert strategy.failed_rounds == 0
     # A query stage (not training) never counts as a failed round.
-    strategy.check_replies(failed, None, "aggregate_evaluate")
+    strategy.check_replies(failed, None, "aggregate_evaluate", trains=False)
     assert strategy.failed_rounds == 0
 
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Result
-from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.client_app import MIXTURE_WEIGHTS, _report, fedem_evaluate, fedem_train
+from fl_clusters.client.fedem import MIXTURE_WEIGHTS, fedem_evaluate, fedem_train
+from fl_clusters.client.queries import report_reply
 from fl_clusters.clustering import (
     e_step,
     fit_mixture_weights,
@@ -27,18 +27,11 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.config import parse_run_config
 from fl_clusters.learner import TorchLearner
-from fl_clusters.server_app import strategy_fields, summarize
+from fl_clusters.results import strategy_fields, summarize
 from fl_clusters.strategies import FedEM
 from fl_clusters.strategies.registry import build_strategy
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives an app process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
 
 # ----------------------------------------------------------------- E-step math
@@ -181,7 +174,7 @@ def mixture_message(models: list[ArrayRecord], message_type: str = "train") -> M
     return Message(content=content, dst_node_id=7, message_type=message_type)
 
 
-def test_client_e_step_estimates_pi_from_training_labels_only(identity) -> None:
+def test_client_e_step_estimates_pi_from_training_labels_only(server_identity) -> None:
     # 25 % of the node's training samples come from source B.
     x, y, _ = sources(400, 0.25, 2)
     test_x, test_y, _ = sources(100, 0.25, 3)
@@ -209,7 +202,7 @@ def test_client_e_step_estimates_pi_from_training_labels_only(identity) -> None:
     assert kept > weights[0][0] + 0.04
 
 
-def test_each_component_trains_on_its_own_responsibilities(identity) -> None:
+def test_each_component_trains_on_its_own_responsibilities(server_identity) -> None:
     """Responsibilities one-hot by construction (|x0| >= 1 gives every sample a loss
     gap >= 16 between the components): component 0 owns source A, component 1
     source B. Each component's M-step must see only its own samples: trained on
@@ -244,7 +237,7 @@ def test_each_component_trains_on_its_own_responsibilities(identity) -> None:
         assert learner.per_sample_correct(other, "train")[~own[m]].mean() > 0.5
 
 
-def test_mixture_prediction_and_report_use_the_nodes_pi(identity) -> None:
+def test_mixture_prediction_and_report_use_the_nodes_pi(server_identity) -> None:
     x, y, _ = sources(200, 0.5, 4)
     test_x, test_y, is_b = sources(100, 0.5, 5)
     learner = learner_on(x, y, (test_x, test_y))
@@ -258,14 +251,14 @@ def test_mixture_prediction_and_report_use_the_nodes_pi(identity) -> None:
     assert accuracy == pytest.approx(1 - is_b.mean(), abs=0.05)
     # pi = (0.3, 0.7): the prediction follows component 1 wherever the two disagree.
     ctx.state[MIXTURE_WEIGHTS] = ConfigRecord({"pi": [0.3, 0.7]})
-    report = _report(learner, mixture_message(models, "query"), ctx, {})
+    report = report_reply(learner, mixture_message(models, "query"), ctx, {})
     metrics = report.content.metric_records[p.METRICS]
     assert metrics["mixture-accuracy"] == pytest.approx(learner.evaluate(models[1], "test")[1])
     assert metrics[p.M_MIXTURE_WEIGHTS] == [0.3, 0.7]
     # A node that never trained fits pi on its training split (half of each source).
     fresh = context()
     reply = fedem_evaluate(learner, mixture_message(models, "evaluate"), fresh)
-    report = _report(learner, mixture_message(models, "query"), fresh, {})
+    report = report_reply(learner, mixture_message(models, "query"), fresh, {})
     np.testing.assert_allclose(
         report.content.metric_records[p.METRICS][p.M_MIXTURE_WEIGHTS], [0.5, 0.5], atol=0.05
     )
@@ -302,7 +295,7 @@ def reply(msg: Message, arrays: ArrayRecord, examples: int, pi: list[float] | No
     return Message(RecordDict({p.ARRAYS: arrays, p.METRICS: metrics}), reply_to=msg)
 
 
-def test_server_averages_each_component_weighted_by_examples(identity) -> None:
+def test_server_averages_each_component_weighted_by_examples(server_identity) -> None:
     strategy = FedEM(2, init="random", seed=1)
     start = layer(0.0, np.random.default_rng(0).normal(size=(3, 4)))
     messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}),
@@ -341,7 +334,7 @@ def test_server_averages_each_component_weighted_by_examples(identity) -> None:
         assert msg.content.config_records[p.CONFIG][p.CFG_MIXTURE] is True
 
 
-def test_random_init_keeps_the_users_initial_arrays(identity) -> None:
+def test_random_init_keeps_the_users_initial_arrays(server_identity) -> None:
     """The plain initial model is component 0 as given; the others are drawn."""
     pretrained = layer(0.0, np.arange(12, dtype=np.float32).reshape(3, 4))
     strategy = FedEM(3, init="random", seed=4)
@@ -357,7 +350,7 @@ def test_random_init_keeps_the_users_initial_arrays(identity) -> None:
     assert all(np.abs(w).max() <= bound for w in weights[1:])
 
 
-def test_warm_start_groups_the_first_local_models(identity) -> None:
+def test_warm_start_groups_the_first_local_models(server_identity) -> None:
     strategy = FedEM(2, init_steps=7)
     messages = list(strategy.configure_train(1, layer(0.0), ConfigRecord(),
                                              NodesGrid(range(1, 7))))  # type: ignore[arg-type]
@@ -391,12 +384,12 @@ def test_bad_configuration_names_the_key() -> None:
     with pytest.raises(ValueError, match="fedem-init"):
         parse_run_config({"strategy": "fedem", "fedem-init": "kmeans"})
     settings = parse_run_config({"strategy": "fedem", "num-clusters": 3, "fedem-init": "random"})
-    strategy = build_strategy({**settings, "min-available-nodes": 2})
+    strategy = build_strategy({**settings, "min-nodes": 2})
     assert isinstance(strategy, FedEM)
     assert (strategy.num_clusters, strategy.init) == (3, "random")
     with pytest.raises(ValueError, match="num-clusters"):
         build_strategy({**parse_run_config({"strategy": "fedem", "num-clusters": 1}),
-                        "min-available-nodes": 2})
+                        "min-nodes": 2})
 
 
 def test_summary_scores_the_mixture_and_pi_against_the_truth() -> None:
@@ -486,3 +479,25 @@ def test_plugin_example_runs_fedem(example_path: Path, tmp_path: Path) -> None:
     assert summary["num_models"] == 2 and summary["ari"] == 1.0, summary
     accuracy = summary["per_client_accuracy"]
     assert min(accuracy) >= 0.7 and np.mean(accuracy) >= 0.75, summary
+
+
+@pytest.mark.slow
+def test_plugin_example_repeats_with_the_same_seed(example_path: Path, tmp_path: Path) -> None:
+    """The user's own DataLoader shuffles with torch's global generator: ClusteredClient
+    seeds it per round and node, so which Ray actor ran a task does not change the run."""
+    from flwr.simulation import run_simulation
+    from pytorchexample.client_app import build_client_app
+    from pytorchexample.server_app import build_server_app
+
+    summaries = []
+    for attempt in range(2):
+        config = {"results-dir": str(tmp_path / str(attempt)), "strategy": "ifca",
+                  "num-server-rounds": 3}
+        run_simulation(
+            server_app=build_server_app(config),
+            client_app=build_client_app(config),
+            num_supernodes=6,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
+        summaries.append(json.loads((tmp_path / str(attempt) / "summary.json").read_text()))
+    assert summaries[0]["per_client_accuracy"] == summaries[1]["per_client_accuracy"]

@@ -21,12 +21,14 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 from sklearn.metrics import adjusted_rand_score
 from torch.utils.data import TensorDataset
 
 from fl_clusters import protocol as p
-from fl_clusters.client_app import TEST_GROUPS, _group_scores, client_data_for, register_handlers
+from fl_clusters.client.node_data import client_data_for
+from fl_clusters.client.queries import TEST_GROUPS, group_scores
+from fl_clusters.client_app import register_handlers
+from fl_clusters.clustering import best_fit_counts
 from fl_clusters.config import parse_run_config
 from fl_clusters.learner import TorchLearner
 from fl_clusters.metrics import (
@@ -40,14 +42,9 @@ from fl_clusters.strategies import FedSoft
 from fl_clusters.strategies.registry import build_strategy
 
 MIXTURE = {"cluster-structure": "rotation-mixture", "num-clusters": 2}
+
+
 NUM_CLIENTS = 20
-
-
-@pytest.fixture
-def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives a ServerApp process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
 
 class CountsGrid:
@@ -305,10 +302,10 @@ def test_report_rejects_groups_that_do_not_match_the_test_split() -> None:
     )
     model = ArrayRecord(learner.model.state_dict())
     scored = learner.per_sample_scores(model, "test")[1]
-    correct, counts = _group_scores([scored, scored], [0, 1, 1, 1])
+    correct, counts = group_scores([scored, scored], [0, 1, 1, 1])
     assert counts == [1, 3] and len(correct) == 4 and correct[:2] == correct[2:]
     with pytest.raises(ValueError, match="one non-negative integer group per test sample"):
-        _group_scores([scored], [0, 1])
+        group_scores([scored], [0, 1])
 
 
 # The issue's acceptance setting: 20 clients, a 2-source rotation mixture of digits.
@@ -405,15 +402,15 @@ def test_fedsoft_local_models_beat_fedavg(federation) -> None:
 
 
 def test_a_node_without_its_own_model_and_no_start_says_so(server_identity) -> None:
-    from fl_clusters.client_app import _candidate_models
+    from fl_clusters.client.task import candidate_models
 
     config = ConfigRecord({p.CFG_PERSISTENT: True})
     message = Message(RecordDict({p.CENTERS: p.pack_clusters([_model(0.0), _model(1.0)]),
                                   p.CONFIG: config}), dst_node_id=1, message_type="train")
     own = _model(5.0)
-    assert _candidate_models(message, own) == [own]
+    assert candidate_models(message, own) == [own]
     with pytest.raises(ValueError, match="keeps no model of its own"):
-        _candidate_models(message, None)
+        candidate_models(message, None)
 
 
 def test_a_node_that_joins_between_estimates_is_estimated_at_once(server_identity) -> None:
@@ -429,3 +426,13 @@ def test_a_node_that_joins_between_estimates_is_estimated_at_once(server_identit
     assert strategy.assignments[5] == 1
     list(strategy.configure_train(3, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
     assert grid.queries == 5
+
+
+def test_fedsoft_counts_share_tied_samples_instead_of_giving_them_to_cluster_0() -> None:
+    # Three identical cluster models (a random start in the worst case) tie on
+    # every sample; argmin gave cluster 0 all 4 samples.
+    tied = np.ones((3, 4))
+    np.testing.assert_allclose(best_fit_counts(tied), [4 / 3, 4 / 3, 4 / 3])
+    losses = np.array([[0.1, 0.5, 0.2, 0.9], [0.3, 0.5, 0.2, 0.1], [0.2, 0.6, 0.7, 0.8]])
+    np.testing.assert_allclose(best_fit_counts(losses), [1 + 0.5 + 0.5, 0.5 + 0.5 + 1, 0.0])
+    assert best_fit_counts(losses).sum() == pytest.approx(4.0)

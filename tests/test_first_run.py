@@ -271,7 +271,7 @@ def test_flwr_run_shows_flowers_info_log_only_when_verbose(
 
 
 def test_a_run_starts_its_own_loopback_ray_unless_a_cluster_is_named(monkeypatch) -> None:
-    from fl_clusters.apps import start_own_ray_unless_a_cluster_is_named
+    from fl_clusters.ray_env import start_own_ray_unless_a_cluster_is_named
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 from sklearn.metrics import adjusted_rand_score
 
 from fl_clusters import protocol as p
@@ -27,6 +26,7 @@ from fl_clusters.config import parse_run_config
 from fl_clusters.data import FASHION_MNIST_ROOT
 from fl_clusters.strategies import FLHC, WeCFL
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import NodesOnly
 
 needs_fashion = pytest.mark.skipif(
     not Path(FASHION_MNIST_ROOT).is_dir(),
@@ -178,23 +178,6 @@ def test_kmeans_from_the_cluster_models_keeps_their_numbering_and_empty_clusters
 
 
 # ------------------------------------------------------------------ glue, no Ray
-@pytest.fixture
-def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives a ServerApp process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
-
-
-class NodesOnly:
-    """Just enough of a Grid for configure_train: a fixed list of nodes."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return self.nodes
-
-
 START = p.numpy_to_record(["w"], [np.zeros(6, np.float32)])
 
 
@@ -237,7 +220,7 @@ def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) 
     # Later rounds never cluster again. Node 9, never clustered, is asked to train
     # once to be placed by its update (tests/test_late_joiners.py); silent here, it
     # gets every model and chooses by loss.
-    from tests.test_cfl_acfl import SilentNodes
+    from tests.conftest import SilentNodes
 
     silent = SilentNodes(nodes)
     requests, packed = _round(flhc, 3, packed, silent, dict.fromkeys(nodes, 5))
@@ -343,13 +326,13 @@ def test_run_config_builds_flhc_and_wecfl_with_their_keys() -> None:
         {"strategy": "flhc", "flhc-linkage": "average", "flhc-metric": "cosine",
          "flhc-threshold": "absolute", "flhc-distance-threshold": 0.4, "flhc-warmup-rounds": 2}
     )
-    flhc = build_strategy({**settings, "min-available-nodes": 4})
+    flhc = build_strategy({**settings, "min-nodes": 4})
     assert isinstance(flhc, FLHC) and flhc.warmup_rounds == 2
     h = flhc.hierarchy
     assert (h.linkage, h.metric, h.threshold, h.distance_threshold, h.min_gap) == (
         "average", "cosine", "absolute", 0.4, 1.6)
     settings = parse_run_config({"strategy": "wecfl", "num-clusters": 3, "wecfl-n-init": 4})
-    wecfl = build_strategy({**settings, "min-available-nodes": 4})
+    wecfl = build_strategy({**settings, "min-nodes": 4})
     assert isinstance(wecfl, WeCFL) and (wecfl.num_clusters, wecfl.n_init) == (3, 4)
     with pytest.raises(ValueError, match="flhc-distance-ratio"):
         parse_run_config({"flhc-distance-ratio": 0.0})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fl_clusters.config import parse_run_config, partition_settings
+from fl_clusters.config import parse_group_sizes, parse_run_config, partition_settings
 from fl_clusters.data import load_dataset, partition_dataset
 
 
@@ -54,3 +54,11 @@ def test_group_sizes_from_the_run_config_reach_the_partition() -> None:
 def test_bad_group_sizes_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         partition_dataset(load_dataset("digits"), 20, num_groups=4, **kwargs)
+
+
+def test_group_sizes_key_parses_shares_and_names_bad_values() -> None:
+    assert parse_group_sizes("") is None
+    assert parse_group_sizes("0.4,0.3,0.2,0.1") == (0.4, 0.3, 0.2, 0.1)
+    for bad in ("0.5,-0.5", "a,b", "1,,2"):
+        with pytest.raises(ValueError, match="group-sizes"):
+            parse_group_sizes(bad)

@@ -7,23 +7,16 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import closest_direction
 from fl_clusters.strategies import CFL, IFCA
+from fl_clusters.strategies.replies import reply_updates
 
 NAMES = ["body.weight", "head.bias"]
 # The two groups pull the head in opposite directions.
 GROUP_B = {4, 5, 6, 7}
 SILENT = {8}
-
-
-@pytest.fixture
-def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives a ServerApp process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
 
 def _trained(start: ArrayRecord, node: int) -> ArrayRecord:
@@ -95,14 +88,14 @@ def test_a_node_joining_after_the_split_follows_its_group(server_identity: None)
 
 
 def test_mcfl_asks_a_node_that_joins_later_for_its_feature(server_identity: None) -> None:
-    from tests.test_fldc_awcfl_mcfl import StubGrid
+    from tests.conftest import StubGrid
 
     features = {1: [0.0, 2.0], 2: [2.0, 4.0], 3: [10.0, 0.0], 4: [12.0, 2.0], 5: [1.0, 1.0]}
     grid = StubGrid([1, 2, 3, 4], features)
     strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True)
     strategy.learn_node_keys(grid, grid.nodes)  # type: ignore[arg-type]
     strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
-    strategy._handshake = True  # what Strategy.start has done by round 1
+    strategy.nodes.started = True  # what Strategy.start has done by round 1
     assert sorted(strategy.node_features) == [1, 2, 3, 4]
     grid.nodes = [1, 2, 3, 4, 5]  # node 5 joins
     strategy.sample(grid, 1.0)  # type: ignore[arg-type]
@@ -111,7 +104,7 @@ def test_mcfl_asks_a_node_that_joins_later_for_its_feature(server_identity: None
 
 
 def test_mcfl_asks_a_node_without_a_usable_feature_only_once(server_identity: None) -> None:
-    from tests.test_fldc_awcfl_mcfl import StubGrid
+    from tests.conftest import StubGrid
 
     asked: list[int] = []
 
@@ -199,7 +192,7 @@ def test_acfl_places_a_late_node_by_the_similarity_it_clustered_on(server_identi
     acfl.assignments.update({1: 0, 4: 1})
     acfl._direction_start = start
     acfl._directions = np.stack([
-        acfl.updates([_reply_to(start, node)], start)[0] for node in (1, 4)
+        reply_updates([_reply_to(start, node)], start)[0] for node in (1, 4)
     ])
     acfl.clustering_round = 2
     grid = GrowingGrid([1, 4, 7, 8])  # 7 (group B) and 8 (silent) joined late

@@ -12,10 +12,9 @@ from flwr.app import ArrayRecord
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedEM, FedSoft, LocalOnly, WeCFL
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import ParamError, check_param
+from fl_clusters.strategies.params import Param, ParamError, check_param
 from fl_clusters.strategies.registry import build_strategy
-from tests.test_faults import FailingGrid
-from tests.test_fldc_awcfl_mcfl import server_identity  # noqa: F401
+from tests.conftest import FailingGrid
 
 # Each strategy with the arguments it needs and nothing else.
 STRATEGIES: dict[str, Callable[..., ClusteredStrategy]] = {
@@ -101,7 +100,7 @@ def test_fedem_takes_num_clusters_like_the_other_strategies() -> None:
 def test_a_run_config_value_a_strategy_refuses_names_the_key() -> None:
     # FedEM needs 2 components; the run config allows num-clusters = 1 for others.
     settings = {**parse_run_config({"strategy": "fedem", "num-clusters": 1}),
-                "min-available-nodes": 2}
+                "min-nodes": 2}
     with pytest.raises(ValueError, match="run-config key 'num-clusters' must be an int >= 2 "
                        "for strategy 'fedem'; got 1"):
         build_strategy(settings)
@@ -115,14 +114,35 @@ def _fail_every_round(strategy: ClusteredStrategy) -> str:
     return str(raised.value)
 
 
-def test_failed_run_hint_names_what_the_user_can_change(server_identity: None) -> None:  # noqa: F811
+def test_failed_run_hint_names_what_the_user_can_change(server_identity: None) -> None:
     built = IFCA(num_clusters=2, init="random", min_available_nodes=3, max_failed_rounds=2)
     message = _fail_every_round(built)
     assert "max_failed_rounds=2" in message and "max-failed-rounds" not in message
     settings = {**parse_run_config({"strategy": "ifca", "num-clusters": 2, "ifca-init": "random",
-                                    "max-failed-rounds": 2}), "min-available-nodes": 3}
+                                    "max-failed-rounds": 2}), "min-nodes": 3}
     from_config = build_strategy(settings)
     assert isinstance(from_config, ClusteredStrategy)
     message = _fail_every_round(from_config)
     assert "run-config key 'max-failed-rounds'" in message and "max_failed_rounds" not in message
 
+
+
+def test_a_strategy_takes_only_the_arguments_it_declares() -> None:
+    # FedSoft and FLDC pick their own training nodes: no fraction_train.
+    for cls in (FedSoft, FLDC):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'fraction_train'"):
+            cls(fraction_train=0.5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'awcfl_beta'"):
+        FedEM(awcfl_beta=0.5)
+    with pytest.raises(TypeError):
+        WeCFL()  # type: ignore[call-arg]
+    assert IFCA(awcfl_beta=0.5, seed=3).awcfl_beta == 0.5
+
+
+def test_a_declaration_whose_default_differs_from_the_signature_is_refused() -> None:
+    with pytest.raises(TypeError, match="gives 'depth' the default 3; its declaration says 2"):
+        class Wrong(ClusteredStrategy):
+            params = (Param("depth", 2, "int", "how deep", low=1),)
+
+            def __init__(self, *, depth: int = 3, **kwargs: Any) -> None:
+                super().__init__(depth=depth, **kwargs)

@@ -17,6 +17,9 @@ from flwr.supercore.task_identity import TaskIdentity
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters import client_app
+from fl_clusters.client import node_data
+from fl_clusters.client.choice import choose_cluster
+from fl_clusters.client.queries import report_reply
 from fl_clusters.data import DATASET_SHAPES, load_dataset
 from fl_clusters.data import loaders as data_loaders
 from fl_clusters.learner import TorchLearner
@@ -125,24 +128,24 @@ def keep_torch_threads() -> Iterator[None]:
 @pytest.mark.usefixtures("keep_torch_threads")
 def test_learner_and_data_are_built_once_per_node_and_process() -> None:
     overrides = {"dataset": "digits", "torch-threads": 1}
-    first = client_app.learner_for(_context(0, 80), overrides)
-    assert client_app.learner_for(_context(0, 80), overrides) is first
-    other = client_app.learner_for(_context(1, 80), overrides)
+    first = node_data.learner_for(_context(0, 80), overrides)
+    assert node_data.learner_for(_context(0, 80), overrides) is first
+    other = node_data.learner_for(_context(1, 80), overrides)
     assert other is not first and other.model is first.model  # one model per architecture
     assert torch.get_num_threads() == 1
     # More nodes than the former lru_cache(maxsize=64) held: none is evicted and rebuilt.
-    data = [client_app.client_data_for(_context(i, 80), overrides) for i in range(80)]
+    data = [node_data.client_data_for(_context(i, 80), overrides) for i in range(80)]
     assert all(
-        client_app.client_data_for(_context(i, 80), overrides) is d for i, d in enumerate(data)
+        node_data.client_data_for(_context(i, 80), overrides) is d for i, d in enumerate(data)
     )
-    assert client_app.learner_for(_context(0, 80), overrides) is first
+    assert node_data.learner_for(_context(0, 80), overrides) is first
 
 
 @pytest.mark.usefixtures("keep_torch_threads")
 def test_a_node_sees_only_the_weights_it_is_sent_though_the_model_is_shared() -> None:
     overrides = {"dataset": "digits"}
-    a = client_app.learner_for(_context(2, 20), overrides)
-    b = client_app.learner_for(_context(3, 20), overrides)
+    a = node_data.learner_for(_context(2, 20), overrides)
+    b = node_data.learner_for(_context(3, 20), overrides)
     start = model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=1))
     before = a.evaluate(start)
     b.train(start, lr=0.5, batch_size=8, epochs=2)
@@ -201,7 +204,7 @@ def test_the_report_scores_training_data_only_for_a_node_that_chooses_itself(
         p.CONFIG: ConfigRecord({p.CFG_ASSIGNED: assigned}),
     }), dst_node_id=1, message_type=p.QUERY_REPORT)
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    metrics = client_app._report(learner, message, context, {}).content.metric_records[p.METRICS]
+    metrics = report_reply(learner, message, context, {}).content.metric_records[p.METRICS]
     assert len(metrics["test-accuracy"]) == 3  # type: ignore[arg-type]
     if assigned < 0:
         assert len(metrics["train-loss"]) == 3 and learner.passes["train"] == 3  # type: ignore[arg-type]
@@ -225,22 +228,22 @@ def test_a_node_scores_the_same_cluster_models_once_across_evaluate_and_train() 
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
     models = [model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=s)) for s in range(3)]
     config = ConfigRecord()
-    first = client_app._choose_cluster(learner, models, config, context)
+    first = choose_cluster(learner, models, config, context)
     assert learner.passes["train"] == 3
     # Fresh records with equal contents, as the next message carries them, on
     # another process's learner.
     again = [ArrayRecord(m.to_torch_state_dict()) for m in models]
     other = counting()
-    assert client_app._choose_cluster(other, again, config, context) == first
+    assert choose_cluster(other, again, config, context) == first
     assert other.passes["train"] == 0
     assert first[1] == [float(learner.per_sample_losses(m).mean()) for m in models]
     # One changed model is scored again, the unchanged ones are not.
     changed = [*models[:2], model_to_arrays(build_model("mlp", (1, 8, 8), 10, seed=9))]
-    client_app._choose_cluster(other, changed, config, context)
+    choose_cluster(other, changed, config, context)
     assert other.passes["train"] == 1
     # A node without kept losses (a new context) scores every model.
     fresh = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
-    client_app._choose_cluster(other, changed, config, fresh)
+    choose_cluster(other, changed, config, fresh)
     assert other.passes["train"] == 4
 
 
@@ -335,7 +338,7 @@ ray.shutdown()
 def test_after_the_apps_load_ray_passes_a_model_sized_message_inline(
     mode: str, objects: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fl_clusters.apps import RAY_INLINE_ENV
+    from fl_clusters.ray_env import RAY_INLINE_ENV
 
     monkeypatch.delenv(RAY_INLINE_ENV, raising=False)
     done = subprocess.run(
@@ -351,7 +354,7 @@ def test_building_a_client_app_asks_ray_for_inline_messages_and_keeps_a_users_va
     from flwr.clientapp import ClientApp
 
     from fl_clusters.adapter import ClusteredClient
-    from fl_clusters.apps import RAY_INLINE_BYTES, RAY_INLINE_ENV
+    from fl_clusters.ray_env import RAY_INLINE_BYTES, RAY_INLINE_ENV
 
     def no_loaders(context: Context) -> tuple[DataLoader, DataLoader]:
         raise AssertionError("not called while building")

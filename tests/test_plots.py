@@ -21,7 +21,7 @@ from fl_clusters.plots import (
     run_title,
     write_run_plots,
 )
-from fl_clusters.server_app import similarity_in_row_order
+from fl_clusters.results import similarity_in_row_order
 from fl_clusters.strategies.local import LocalOnly
 
 ROTATION = {"cluster-structure": "rotation", "num-clusters": 2, "copy-per-group": True}

@@ -14,7 +14,6 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 from sklearn.metrics import homogeneity_score
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -22,16 +21,11 @@ from torch.utils.data import DataLoader, Dataset
 from fl_clusters import protocol as p
 from fl_clusters.adapter import ClusteredClient
 from fl_clusters.learner import TorchLearner
-from fl_clusters.strategies.base import per_cluster_evaluate
+from fl_clusters.strategies.evaluation import per_cluster_evaluate
+
+pytestmark = pytest.mark.usefixtures("server_identity")
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives an app process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
 
 class DictDigits(Dataset):

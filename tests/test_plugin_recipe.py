@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from flwr.supercore.task_identity import TaskIdentity
 
 from tests.plugin_quickstart import EXAMPLE, app_package, run_server
+
+pytestmark = pytest.mark.usefixtures("server_identity")
 
 NODES = 6
 ROUNDS = 10
@@ -28,13 +29,6 @@ RECIPES: dict[str, dict[str, Any]] = {
     "sgd-momentum": {"optimizer": "sgd-momentum", "learning-rate": 0.03},
     "adam": {"optimizer": "adam", "learning-rate": 0.001},
 }
-
-
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives an app process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
 
 
 def run_example(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:

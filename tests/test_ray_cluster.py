@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,7 +50,8 @@ def cluster() -> Iterator[LoopbackCluster]:
 
 
 def flwr_run(
-    app: Path, env: dict[str, str], ray_address: str | None, federation: str = FEDERATION
+    app: Path, env: dict[str, str], ray_address: str | None, federation: str = FEDERATION,
+    run_config: str = RUN_CONFIG,
 ) -> subprocess.Popen[str]:
     """``flwr run . --stream`` as docs/cluster.md gives it, its output streamed.
 
@@ -62,7 +63,7 @@ def flwr_run(
     if ray_address is not None:
         env.update(LOOPBACK, RAY_ADDRESS=ray_address)
     return subprocess.Popen(
-        [str(VENV_BIN / "flwr"), "run", ".", "--stream", "--run-config", RUN_CONFIG,
+        [str(VENV_BIN / "flwr"), "run", ".", "--stream", "--run-config", run_config,
          "--federation-config", federation],
         cwd=app, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -118,29 +119,46 @@ def test_ray_cluster_of_two_nodes_runs_the_app_unchanged(cluster, fresh_checkout
     assert len({row["ray_node"] for row in placement(alone)}) == 1
 
 
-def test_ray_cluster_losing_its_worker_in_round_2_goes_on(cluster, fresh_checkout) -> None:
+def test_ray_cluster_losing_its_worker_in_round_2_goes_on(
+    cluster, fresh_checkout, tmp_path
+) -> None:
     app, _, env = fresh_checkout
-    killed_at = []
+    # The worker dies when round 1's checkpoint lands: the streamed "round 1/" line
+    # can trail the ServerApp by several rounds on a loaded machine.
+    results = tmp_path / "results"
+    killed = threading.Event()
+    finished = threading.Event()
 
-    def kill_after_round_1(line: str) -> None:
-        if line.startswith("round 1/") and not killed_at:
-            cluster.kill_worker()
-            killed_at.append(time.monotonic())
+    def kill_after_round_1() -> None:
+        while not finished.wait(0.05):
+            if any(results.glob("*/checkpoint.pkl")):
+                cluster.kill_worker()
+                killed.set()
+                return
 
-    lines, folder = finish(flwr_run(app, env, cluster.address), kill_after_round_1,
-                           results_last=False)
-    assert killed_at, "round 1 never ended"
+    killer = threading.Thread(target=kill_after_round_1, daemon=True)
+    killer.start()
+    run_config = f'{RUN_CONFIG} checkpoint-every=1 results-dir="{results}"'
+    try:
+        lines, folder = finish(flwr_run(app, env, cluster.address, run_config=run_config),
+                               results_last=False)
+    finally:
+        finished.set()
+        killer.join()
+    assert killed.is_set(), "round 1 never ended"
     summary = json.loads((folder / "summary.json").read_text())
     rounds = [line for line in lines if line.startswith("round ")]
     assert len(rounds) == ROUNDS, "\n".join(lines[-40:])
     # Every cluster model survived and trained on; the clients score as before.
     assert summary["num_cluster_models"] == 4
     assert summary["ari"] == 1.0
-    # Flower 1.41 keeps the lost node's actor in its pool: the one message a phase
-    # that lands on it fails and is logged. At the final report that can cost a
-    # client's score, and the summary names it rather than dropping it silently.
+    # Until Ray declares the lost node's actor dead, a message that lands on it fails
+    # and is logged (a client's score can be missing: the summary names it). Once
+    # declared dead, the actor leaves Flower's pool (fl_clusters.ray_pool).
+    if any("ActorDiedError" in line for line in lines):
+        assert any("died with its node" in line for line in lines), "\n".join(lines)
     assert summary["num_clients"] + len(summary["unreported_nodes"]) == 20, "\n".join(lines)
-    assert summary["num_clients"] >= 18
+    assert summary["num_clients"] >= 18, "\n".join(lines)
     assert {row["ray_node"] for row in placement(folder)} >= {cluster.head}
     assert summary["placement"]["ray_nodes"][cluster.head] > summary["placement"][
         "ray_nodes"].get(cluster.worker, 0)

@@ -14,14 +14,15 @@ from flwr.superlink.grid import InMemoryGrid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fl_clusters import metrics as metrics_module
+from fl_clusters import grid as grid_module
 from fl_clusters import protocol as p
-from fl_clusters.client_app import node_key
-from fl_clusters.metrics import MeteredGrid
-from fl_clusters.server_app import collect_report, node_fields, report_fields
+from fl_clusters.client.task import node_key
+from fl_clusters.grid import MeteredGrid
+from fl_clusters.report import collect_report, report_fields
+from fl_clusters.results import node_fields
 from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedEM, FedSoft, LocalOnly, WeCFL
 from fl_clusters.strategies.base import ClusteredStrategy
-from tests.test_fldc_awcfl_mcfl import StubGrid, server_identity  # noqa: F401
+from tests.conftest import StubGrid
 
 NODES = [11, 12, 13, 14, 15, 16]
 BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1.0, 1e30, 0.5]
@@ -170,7 +171,7 @@ STRATEGIES: dict[str, Callable[[], ClusteredStrategy]] = {
                                  HealthCheck.large_base_example, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_random_malformed_replies_never_crash_a_strategy(
-    server_identity: None, name: str, data: st.DataObject  # noqa: F811
+    server_identity: None, name: str, data: st.DataObject
 ) -> None:
     strategy = STRATEGIES[name]()
     strategy.max_failed_rounds = 1_000  # here every round may fail: that is not the test
@@ -206,7 +207,7 @@ class ReportGrid(StubGrid):
         return replies
 
 
-def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> None:  # noqa: F811
+def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> None:
     good = {"test-accuracy": [0.5, 0.9], "test-loss": [1.0, 0.2], "train-loss": [1.1, 0.3],
             "num-test": 10, p.M_NUM_EXAMPLES: 40}
     answers: dict[int, dict | None] = {
@@ -239,7 +240,7 @@ def test_late_nodes_are_marked_in_the_report_rows() -> None:
     assert [r["late"] for r in rows] == [False, True]
 
 
-def test_the_metered_grid_counts_messages_without_a_reply(server_identity: None) -> None:  # noqa: F811
+def test_the_metered_grid_counts_messages_without_a_reply(server_identity: None) -> None:
     class Silent(ReportGrid):
         def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:  # type: ignore[override]
             return super().send_and_receive(list(messages)[:1])
@@ -253,21 +254,22 @@ def test_the_metered_grid_counts_messages_without_a_reply(server_identity: None)
 
 
 # ------------------------------------------------------ stable order (determinism)
-def test_sampling_and_reply_order_follow_the_handshake_keys(server_identity: None) -> None:  # noqa: F811
+def test_sampling_and_reply_order_follow_the_handshake_keys(server_identity: None) -> None:
     # StubGrid's key for node n is 1000 - n: the reverse of the id order.
     strategy = IFCA(2, init="random", min_available_nodes=3, fraction_train=1.0)
     strategy.start(StubGrid([5, 7, 9]), _model(), num_rounds=0)  # type: ignore[arg-type]
-    assert strategy.node_keys == {5: 995, 7: 993, 9: 991}
+    assert strategy.nodes.keys == {5: 995, 7: 993, 9: 991}
     assert strategy.sample(StubGrid([5, 7, 9]), 1.0) == [9, 7, 5]
     requests = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.EVALUATE)
                 for n in (5, 9, 7)]
     replies = [Message(RecordDict({p.METRICS: MetricRecord(
         {p.M_NUM_EXAMPLES: 3, p.M_ACCURACY: 0.5, p.M_LOSS: 1.0})}), reply_to=m) for m in requests]
-    valid = strategy.check_replies(replies, None, "aggregate_evaluate", p.EVALUATE_FIELDS)
+    valid = strategy.check_replies(replies, None, "aggregate_evaluate", p.EVALUATE_FIELDS,
+                                   trains=False)
     assert [m.metadata.src_node_id for m in valid] == [9, 7, 5]
 
 
-def test_a_node_without_a_key_is_ordered_after_the_keyed_ones(server_identity: None) -> None:  # noqa: F811
+def test_a_node_without_a_key_is_ordered_after_the_keyed_ones(server_identity: None) -> None:
     class NoIdentity(StubGrid):
         def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:  # type: ignore[override]
             messages = list(messages)
@@ -278,7 +280,7 @@ def test_a_node_without_a_key_is_ordered_after_the_keyed_ones(server_identity: N
 
     strategy = IFCA(2, init="random", min_available_nodes=3)
     strategy.start(NoIdentity([1, 2, 3]), _model(), num_rounds=0)  # type: ignore[arg-type]
-    assert strategy.node_keys[3] is None
+    assert strategy.nodes.keys[3] is None
     assert sorted([1, 2, 3], key=strategy.node_order) == [2, 1, 3]
 
 
@@ -312,7 +314,7 @@ class SlowNodes(StubGrid):
 
 @pytest.mark.parametrize("timeout", [None, 2.5])
 def test_the_metered_grid_pulls_soon_after_sending_and_less_often_as_it_waits(
-    server_identity: None, monkeypatch: pytest.MonkeyPatch, timeout: float | None  # noqa: F811
+    server_identity: None, monkeypatch: pytest.MonkeyPatch, timeout: float | None
 ) -> None:
     clock = [0.0]
     pauses: list[float] = []
@@ -327,7 +329,7 @@ def test_the_metered_grid_pulls_soon_after_sending_and_less_often_as_it_waits(
             pauses.append(seconds)
             clock[0] += seconds
 
-    monkeypatch.setattr(metrics_module, "time", FakeTime)
+    monkeypatch.setattr(grid_module, "time", FakeTime)
     inner = SlowNodes([1, 2, 3], clock)
     grid = MeteredGrid(inner)  # type: ignore[arg-type]
     messages = [Message(RecordDict(), dst_node_id=n, message_type=MessageType.TRAIN)
@@ -335,21 +337,21 @@ def test_the_metered_grid_pulls_soon_after_sending_and_less_often_as_it_waits(
     replies = list(grid.send_and_receive(messages, timeout=timeout))
     got = sorted(m.metadata.src_node_id for m in replies)
     # Flower's in-memory grid would first pull again after 0.1 s, its gRPC grid after 3 s.
-    assert pauses[0] == metrics_module.PULL_FIRST_S
-    assert max(pauses) <= metrics_module.PULL_MAX_S
+    assert pauses[0] == grid_module.PULL_FIRST_S
+    assert max(pauses) <= grid_module.PULL_MAX_S
     # The interval only grows with the wait (the last pause may be cut to the timeout).
     assert pauses[:-1] == sorted(pauses[:-1])
     if timeout is None:
         assert got == [1, 2, 3] and grid.unanswered == 0
         # Node 3's reply (ready at t = 3 s) is collected within 5 % of the wait.
-        assert clock[0] <= 3 * (1 + metrics_module.PULL_SHARE) + metrics_module.PULL_FIRST_S
+        assert clock[0] <= 3 * (1 + grid_module.PULL_SHARE) + grid_module.PULL_FIRST_S
     else:
         assert got == [1, 2] and grid.unanswered == 1
         assert clock[0] == pytest.approx(timeout)
 
 
 def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
-    server_identity: None,  # noqa: F811
+    server_identity: None,
 ) -> None:
     class Counting(StubGrid):
         def __init__(self) -> None:
@@ -380,9 +382,9 @@ def test_the_metered_grid_keeps_at_most_max_in_flight_messages_waiting(
     # simulation grid gets the window by default.
     assert MeteredGrid(StubGrid([1])).max_in_flight is None  # type: ignore[arg-type]
     simulated = MeteredGrid(InMemoryGrid.__new__(InMemoryGrid))
-    assert simulated.max_in_flight == metrics_module.simulation_in_flight()
+    assert simulated.max_in_flight == grid_module.simulation_in_flight()
     if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
-        assert metrics_module.simulation_in_flight() == 16 * len(os.sched_getaffinity(0))
+        assert grid_module.simulation_in_flight() == 16 * len(os.sched_getaffinity(0))
     with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
         MeteredGrid(inner, max_in_flight=0)  # type: ignore[arg-type]
 
@@ -393,9 +395,9 @@ def test_the_default_window_counts_cores_where_affinity_is_unknown(
     # macOS and Windows have no sched_getaffinity: the machine's core count stands in.
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    assert metrics_module.simulation_in_flight() == 48
+    assert grid_module.simulation_in_flight() == 48
     monkeypatch.setattr(os, "cpu_count", lambda: None)
-    assert metrics_module.simulation_in_flight() == 16
+    assert grid_module.simulation_in_flight() == 16
 
 
 def test_the_max_in_flight_key_sets_the_window_and_leaves_the_run_unchanged(
@@ -414,6 +416,6 @@ def test_the_max_in_flight_key_sets_the_window_and_leaves_the_run_unchanged(
     job = {"strategy": "ifca", "num-rounds": 2, "num-clusters": 2, "seed": 3}
     one_at_a_time = federation({**job, "max-in-flight": 1}, num_clients=6)
     default = federation(job, num_clients=6)
-    assert windows == [1, metrics_module.simulation_in_flight()]
+    assert windows == [1, grid_module.simulation_in_flight()]
     for key in ("personalized_accuracy", "ari", "bytes_sent", "bytes_received"):
         assert one_at_a_time[key] == default[key], key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fl_clusters.server_app import strict_json
+from fl_clusters.results import strict_json
 
 
 def test_undefined_metrics_become_null_not_nan() -> None:

@@ -284,7 +284,8 @@ def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(tmp_path: Pat
                          ids=lambda path: path.name)
 def test_every_benchmark_sweep_file_is_valid(path: Path) -> None:
     sweep = load_sweep(path)
-    assert sweep.cells and sweep.federation["num-supernodes"] == 20
+    # The paper-scale cells use 20 clients; the held-out cell 40, on purpose.
+    assert sweep.cells and sweep.federation["num-supernodes"] in (20, 40)
 
 
 def test_the_console_script_lists_cells_and_which_are_recorded(

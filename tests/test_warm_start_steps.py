@@ -14,22 +14,16 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.supercore.task_identity import TaskIdentity
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fl_clusters import ClusteredClient
 from fl_clusters import protocol as p
-from fl_clusters.client_app import _train
+from fl_clusters.client.replies import train_reply
 from fl_clusters.learner import TorchLearner
 from fl_clusters.strategies import IFCA, FedEM
 
-
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives an app process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
+pytestmark = pytest.mark.usefixtures("server_identity")
 
 
 def make_net() -> nn.Module:
@@ -59,7 +53,7 @@ def test_builtin_client_reports_the_steps_it_took(steps: int, epochs: int, expec
     learner = TorchLearner(make_net(), samples(100), samples(10, 1))
     message = warm_start_message(steps)
     message.content.config_records[p.CONFIG][p.CFG_EPOCHS] = epochs
-    reply = _train(learner, message, context())
+    reply = train_reply(learner, message, context())
     # 100 samples in batches of 8: 13 steps an epoch.
     assert reply.content.metric_records[p.METRICS][p.M_STEPS_DONE] == expected
 

@@ -19,6 +19,7 @@ from fl_clusters.clustering.bipartition import (
     decide_cfl_split,
     should_split,
 )
+from fl_clusters.clustering.cluster_update import cluster_update
 from fl_clusters.clustering.density import (
     DensityClustering,
     k_distance_curve,
@@ -63,6 +64,7 @@ from fl_clusters.clustering.soft_weights import (
     sample_per_cluster,
     selection_probabilities,
 )
+from fl_clusters.clustering.starts import most_balanced_restart, warm_start_points
 
 __all__ = [
     "INCENTIVE_THRESHOLDS",
@@ -76,6 +78,7 @@ __all__ = [
     "closest_direction",
     "cluster_feature_means",
     "cluster_structure_score",
+    "cluster_update",
     "coherence_split_gate",
     "decide_cfl_split",
     "e_step",
@@ -94,6 +97,7 @@ __all__ = [
     "median_nearest_distance",
     "mixture_probabilities",
     "model_updates",
+    "most_balanced_restart",
     "nearest_feature",
     "order_by_similarity",
     "output_layer_profiles",
@@ -107,6 +111,7 @@ __all__ = [
     "unit_rows",
     "update_coherence",
     "update_norms",
+    "warm_start_points",
     "weighted_average",
     "weighted_kmeans",
     "widest_group",

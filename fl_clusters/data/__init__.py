@@ -1,5 +1,6 @@
 """Data sets and their federated partitions with a ground-truth cluster structure."""
 
+from fl_clusters.data.client_data import ClientData
 from fl_clusters.data.loaders import (
     CIFAR10_HUB_ID,
     DATASET_SHAPES,
@@ -11,13 +12,8 @@ from fl_clusters.data.loaders import (
     load_dataset,
     read_idx,
 )
-from fl_clusters.data.partition import (
-    CLUSTER_STRUCTURES,
-    MIN_CLIENT_SAMPLES,
-    ClientData,
-    load_client_data,
-    partition_dataset,
-)
+from fl_clusters.data.partition import load_client_data, partition_dataset
+from fl_clusters.data.spec import CLUSTER_STRUCTURES, MIN_CLIENT_SAMPLES, PartitionSpec
 
 __all__ = [
     "CIFAR10_HUB_ID",
@@ -30,6 +26,7 @@ __all__ = [
     "TORCHVISION_ROOT",
     "ClientData",
     "ImageDataset",
+    "PartitionSpec",
     "load_client_data",
     "load_dataset",
     "partition_dataset",

@@ -19,66 +19,41 @@ from fl_clusters.clustering import (
     pairwise_cosine,
     update_norms,
 )
-from fl_clusters.strategies.base import HardClusteredStrategy
-from fl_clusters.strategies.params import check_param
+from fl_clusters.strategies.hard import HardClusteredStrategy
+from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.replies import average_replies, reply_updates
 
 
 class ACFL(HardClusteredStrategy):
     """ACFL: FedAvg, then one similarity-ordered greedy clustering, then FedAvg per cluster.
 
-    Phase 1 runs FedAvg over all nodes until the norms of the clients' updates
-    show convergence or ``phase1_rounds`` rounds have run. The default relative
-    gate ends it once the mean update norm has levelled off (its mean over the
-    last ``converge_window`` rounds within ``converge_tolerance`` of the window
-    before), so the clustering sees a trained FedAvg model, as in the paper,
-    whatever the model's scale; the absolute gate ends it when the mean update
-    norm is below ``mean_norm_max`` and the largest above ``max_norm_min``. Phase 2, at
-    the start of the next round, clusters once: the cosine similarities of the
-    last phase-1 updates order the candidates, and
+    Phase 1 runs FedAvg over all nodes until the clients' update norms show
+    convergence (``gate``) or ``phase1_rounds`` rounds have run, so the
+    clustering sees a trained FedAvg model, as in the paper. Phase 2, at the start
+    of the next round, clusters once: the cosine similarities of the last phase-1
+    updates order the candidates, and
     :class:`~fl_clusters.clustering.GreedyIncentiveClustering` grows each cluster
     from a seeded start client, admitting a candidate when a trial federation of
-    the cluster plus the candidate gives its members a positive incentive: by
-    default the incentive ``sum(federated - local-only validation accuracy)``
-    and the candidate's own gain each stay within ``noise_z`` standard errors
-    of zero (``incentive_threshold="noise"``); the paper's rule asks
-    ``incentive >= beta`` (``incentive_threshold="beta"``). Phase 3 is FedAvg
-    inside each cluster.
+    the cluster plus the candidate passes ``incentive_threshold``. Phase 3 is
+    FedAvg inside each cluster, from the members' averaged local-only models.
 
-    Each node trains its local-only model once, ``trial_epochs`` local epochs
-    from the phase-1 model, and scores it on its validation split. A trial
-    federation reuses these models: the example-weighted average of the group's
-    local-only models is sent to every member (one evaluate message each, no
-    training) and scored on its validation split. A member with no valid score
-    is asked once more, then left out of the incentive (gain 0), never scored 0.
-    The clusters start phase 3 from their members' averaged local-only models.
-    The summary counts phase 2's cost (``trial_messages``,
-    ``trial_train_messages``, ``trial_failed_members``) and says whether phase 1
-    ended (``phase1_ended``); a run whose phase 1 never ends is plain FedAvg and
-    logs a warning.
+    Each node trains its local-only model once (``trial_epochs`` epochs from the
+    phase-1 model) and scores it on its validation split. A trial reuses these
+    models: their example-weighted average is scored on each member's validation
+    split, with no training. A member with no valid score is asked once more, then
+    left out of the incentive (gain 0), never scored 0. The summary counts phase
+    2's cost (``trial_messages``, ``trial_train_messages``,
+    ``trial_failed_members``) and says whether phase 1 ended (``phase1_ended``).
 
     Notes
     -----
     The incentive sums every member's gain, so it needs clients whose local-only
-    models are already good and whose validation splits are large enough to tell
-    a few points apart (the paper: ~3,000 MNIST samples per client). Bundled
-    digits shared by 20 clients leave ~63 train and ~9 validation samples each:
-    federating gains every member ~0.1 +- 0.15, a grown cluster's summed gain
-    absorbs a wrong candidate, and 4-rotation groups came out impure (ARI 0.53 to
-    0.75). With each rotation group holding its own copy of the digits
-    (``copy_per_group``, as IFCA's rotated MNIST; ~250 train and ~36 validation
-    samples per client), right candidates score -0.03 to +0.08 and wrong ones
-    -0.43 to -0.92 against beta = -0.17: ARI 1.0 with 22 trials at seeds 0, 1
-    and 2. 4-rotation Fashion-MNIST (~2,800 train samples each, 3 trial epochs)
-    gave ARI 0.86 to 1.0 with ``beta``, 1.0 with ``"noise"``. The same noise can
-    split one distribution: on IID shared digits a group of 2-4 clients gains ~0
-    from federating, and one early trial at -0.22 (two validation samples) split
-    off a second cluster; on IID Fashion-MNIST every trial scored +0.09 or more,
-    and all 20 clients joined.
-    A fixed ``beta`` also let a newcomer of another group into a large group whose
-    members gained a little each (Fashion-MNIST CNN: ARI 0.72 to 0.86); the
-    default ``"noise"`` threshold checks the candidate's own gain too and gave
-    ARI 1.0 on every Fashion-MNIST rotation, label-permutation and unequal-group
-    cell (MLP and CNN, 3 seeds; docs/clustering-defaults.md).
+    models are already good and whose validation splits can tell a few points
+    apart (the paper has ~3,000 MNIST samples per client). With a few validation
+    samples per client one sample moves a gain by more than a fixed ``beta``; the
+    ``"noise"`` threshold scales the test with the validation sizes and checks
+    the candidate's own gain too, so a newcomer that loses by joining is not
+    admitted because the members gain a little each.
 
     Parameters
     ----------
@@ -112,18 +87,46 @@ class ACFL(HardClusteredStrategy):
         and the candidate's own gain is at least ``-noise_z`` standard errors of
         that gain (a newcomer that loses by joining is not admitted because the
         members gain a little each).
-        A fixed ``beta`` is in units of summed accuracy: with ~350 validation
-        samples a client (Fashion-MNIST) a wrong candidate's trial can cost a
-        group of 7 only -0.14 (admitted at beta = -0.17), while with ~9 (digits)
-        one sample moves a member's gain by 0.11.
+        A fixed ``beta`` is in units of summed accuracy, whose noise depends on
+        the validation sizes and the group's size: the same beta is strict on
+        one data set and lax on another (docs/clustering-defaults.md).
     noise_z : float (default: 2.0)
         Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta, mcfl, mcfl_feature_samples
-        AWCFL and MCFL options; see
-        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    **kwargs
+        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
     """
+
+    name = "acfl"
+    paper = "Zhu et al., J. on Communications 2024"
+    params = (
+        Param("beta", -0.17, "float",
+              "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)"),
+        Param("max_rejections", 3, "int", "ACFL: close a cluster after m misses", low=1),
+        Param("gate", "relative", "str",
+              "ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
+              choices=("relative", "absolute"), paper="absolute",
+              why="the absolute thresholds ended phase 1 at round 2, from a random model's "
+              "first updates; the relative gate waits until the mean update norm levels off "
+              "(a trained FedAvg model, as the paper intends)"),
+        Param("converge_window", 2, "int",
+              "ACFL relative gate: rounds averaged on each side of the comparison", low=1),
+        Param("converge_tolerance", 0.1, "float",
+              "ACFL relative gate: converged when the mean norm changes by less than this",
+              above=0.0, below=1.0),
+        Param("mean_norm_max", 0.4, "float", "ACFL phase 1: mean norm below", low=0.0),
+        Param("max_norm_min", 0.0, "float", "ACFL phase 1: max norm above", low=0.0),
+        Param("phase1_rounds", 10, "int", "ACFL phase 1 round budget", low=1),
+        Param("trial_epochs", 60, "int", "ACFL trial federation local epochs", low=1),
+        Param("incentive_threshold", "noise", "str",
+              "ACFL: a candidate joins when the incentive and the candidate's own gain are "
+              "each >= -acfl-noise-z standard errors (noise), or when the incentive is >= "
+              "acfl-beta (beta, the paper)", choices=INCENTIVE_THRESHOLDS, paper="beta",
+              why="a fixed beta on summed accuracy admits a newcomer that federating harms "
+              "when its hosts gain a little each; the noise rule asks the incentive and the "
+              "newcomer's own gain to be within the noise of the validation accuracies"),
+        Param("noise_z", 2.0, "float",
+              "ACFL noise threshold: tolerance in standard errors of the incentive", low=0.0),
+    )
 
     def __init__(
         self,
@@ -139,48 +142,14 @@ class ACFL(HardClusteredStrategy):
         trial_epochs: int = 60,
         incentive_threshold: str = "noise",
         noise_z: float = 2.0,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        awcfl_beta: float = 0.0,
-        mcfl: bool = False,
-        mcfl_feature_samples: int = 32,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            awcfl_beta=awcfl_beta,
-            mcfl=mcfl,
-            mcfl_feature_samples=mcfl_feature_samples,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
+            beta=beta, max_rejections=max_rejections, gate=gate, converge_window=converge_window,
+            converge_tolerance=converge_tolerance, mean_norm_max=mean_norm_max,
+            max_norm_min=max_norm_min, phase1_rounds=phase1_rounds, trial_epochs=trial_epochs,
+            incentive_threshold=incentive_threshold, noise_z=noise_z, **kwargs,
         )
-        check_param("beta", beta, "float")
-        check_param("max_rejections", max_rejections, "int", low=1)
-        check_param("gate", gate, "str", choices=("relative", "absolute"))
-        check_param("converge_window", converge_window, "int", low=1)
-        check_param("converge_tolerance", converge_tolerance, "float", above=0.0, below=1.0)
-        check_param("mean_norm_max", mean_norm_max, "float", low=0.0)
-        check_param("max_norm_min", max_norm_min, "float", low=0.0)
-        check_param("phase1_rounds", phase1_rounds, "int", low=1)
-        check_param("trial_epochs", trial_epochs, "int", low=1)
-        check_param("incentive_threshold", incentive_threshold, "str",
-                    choices=INCENTIVE_THRESHOLDS)
-        check_param("noise_z", noise_z, "float", low=0.0)
-        self.beta = beta
-        self.max_rejections = max_rejections
-        self.gate = gate
-        self.converge_window = converge_window
-        self.converge_tolerance = converge_tolerance
-        self.mean_norm_max = mean_norm_max
-        self.max_norm_min = max_norm_min
-        self.phase1_rounds = phase1_rounds
-        self.trial_epochs = trial_epochs
-        self.incentive_threshold = incentive_threshold
-        self.noise_z = noise_z
         self.clustering_round: int | None = None
         self.trial_evaluations = 0
         self.trial_messages = 0
@@ -205,37 +174,35 @@ class ACFL(HardClusteredStrategy):
             self._clustering_due = False
             arrays = self.cluster(server_round, p.unpack_clusters(arrays)[0], config, grid)
             self.clustering_round = server_round
-        nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
-        if self._directions is not None and (newcomers := self.newcomers(nodes)):
-            # A node without a cluster after phase 2 joins by the similarity ACFL
-            # clustered on: its update from the last phase-1 start against each
-            # cluster's mean phase-1 update.
-            self.place_by_update(server_round, newcomers, self._direction_start,
-                                 self._directions, config, grid)
-        return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
+        return super().configure_train(server_round, arrays, config, grid)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def place_newcomers(
+        self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
+    ) -> None:
+        """After phase 2, by the similarity ACFL clustered on.
+
+        A node's update from the last phase-1 start is compared with each cluster's
+        mean phase-1 update.
+        """
+        if self._directions is not None:
+            self.place_by_update(server_round, nodes, self._direction_start,
+                                 self._directions, config, grid)
+
+    def aggregate_members(
+        self, server_round: int, members: dict[int, list[Message]]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average per cluster; in phase 1, also check the update norms for convergence."""
-        members = self.replies_by_cluster(replies)
-        if not members:
-            return None, None
         packed, metrics = self.aggregate_clusters(self._models, members)
         if self.clustering_round is None:
             # Node order, not reply order, so that the seeded start client is reproducible.
             trained = sorted(members[0], key=lambda m: self.node_order(m.metadata.src_node_id))
-            updates = self.updates(trained, self._models[0])
+            updates = reply_updates(trained, self._models[0])
             mean_norm, max_norm = update_norms(updates)
             self._last_nodes = [m.metadata.src_node_id for m in trained]
             self._last_updates = updates
             self._direction_start = self._models[0]
             self._phase1_norms.append(mean_norm)
-            if self.gate == "relative":
-                converged = has_converged(np.array(self._phase1_norms), self.converge_window,
-                                          self.converge_tolerance)
-            else:
-                converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
+            converged, gate_text = self._phase1_gate(mean_norm, max_norm)
             self._clustering_due = converged or server_round >= self.phase1_rounds
             outcome = (
                 "converged: clustering next round" if converged
@@ -243,29 +210,31 @@ class ACFL(HardClusteredStrategy):
                 if self._clustering_due
                 else f"not converged: phase 1 goes on (at most to round {self.phase1_rounds})"
             )
-            log(INFO, "ACFL round %d gate: %s; %s", server_round,
-                self._gate_text(mean_norm, max_norm), outcome)
+            log(INFO, "ACFL round %d gate: %s; %s", server_round, gate_text, outcome)
             metrics["mean-update-norm"] = mean_norm
             metrics["max-update-norm"] = max_norm
         return packed, metrics
 
-    def _gate_text(self, mean_norm: float, max_norm: float) -> str:
-        """What phase 1's convergence test compared this round, in words for the log."""
+    def _phase1_gate(self, mean_norm: float, max_norm: float) -> tuple[bool, str]:
+        """Whether phase 1 converged this round, and what the test compared in words."""
         if self.gate == "absolute":
-            return (f"mean update norm {mean_norm:.4g} "
-                    f"{'<' if mean_norm < self.mean_norm_max else '>='} {self.mean_norm_max:.4g}, "
-                    f"max {max_norm:.4g} {'>' if max_norm > self.max_norm_min else '<='} "
-                    f"{self.max_norm_min:.4g}")
+            converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
+            return converged, (
+                f"mean update norm {mean_norm:.4g} "
+                f"{'<' if mean_norm < self.mean_norm_max else '>='} {self.mean_norm_max:.4g}, "
+                f"max {max_norm:.4g} {'>' if max_norm > self.max_norm_min else '<='} "
+                f"{self.max_norm_min:.4g}")
         norms, window = self._phase1_norms, self.converge_window
+        converged = has_converged(np.array(norms), window, self.converge_tolerance)
         if len(norms) < 2 * window:
-            return (f"mean update norm {mean_norm:.4g}; {len(norms)} of the {2 * window} "
-                    "rounds of norms the test compares")
+            return converged, (f"mean update norm {mean_norm:.4g}; {len(norms)} of the "
+                               f"{2 * window} rounds of norms the test compares")
         recent, before = np.mean(norms[-window:]), np.mean(norms[-2 * window:-window])
         change = abs(recent - before) / before if before > 0 else np.inf
-        return (f"mean update norm of the last {window} rounds {recent:.4g} against "
-                f"{before:.4g} before: change {change:.1%} "
-                f"{'<=' if change <= self.converge_tolerance else '>'} "
-                f"{self.converge_tolerance:.0%}")
+        return converged, (f"mean update norm of the last {window} rounds {recent:.4g} "
+                           f"against {before:.4g} before: change {change:.1%} "
+                           f"{'<=' if change <= self.converge_tolerance else '>'} "
+                           f"{self.converge_tolerance:.0%}")
 
     # ------------------------------------------------------------------ phase 2
     def cluster(
@@ -290,8 +259,7 @@ class ACFL(HardClusteredStrategy):
             The packed cluster models: each cluster's average of its members'
             trial-trained models.
         """
-        trial_config = ConfigRecord(dict(config))
-        trial_config[p.CFG_ROUND] = server_round
+        trial_config = self.round_config(config, server_round)
         trial_config[p.CFG_EPOCHS] = self.trial_epochs
         trial_config[p.CFG_STEPS] = 0
         # Local-only models and their validation accuracy, once per node: the same
@@ -317,44 +285,67 @@ class ACFL(HardClusteredStrategy):
         )
         while (group := clustering.next_trial()) is not None:
             members = [nodes[int(i)] for i in group]
-            # A trial reuses the members' local-only models: their weighted average
-            # is scored on each member's validation split, with no training.
-            trial_model = self.average_models([local_models[n] for n in members])
-            global_acc = self._trial_accuracy(members, trial_model, grid)
-            # A member with no score after a retry is left out of the incentive (gain 0):
-            # scoring it 0 would read a lost message as a harmful federation.
-            group_acc = np.array([global_acc.get(n, local_acc[n]) for n in members])
-            own_acc = np.array([local_acc[n] for n in members])
-            sizes = np.array([self._validation_sizes[n] for n in members])
-            threshold = clustering.threshold_for(group_acc, own_acc, sizes)
-            accepted = clustering.report(group_acc, own_acc, sizes)
-            self.trial_evaluations += 1
-            # The candidate's own gain is logged apart: the sum can hide what
-            # federating costs the newcomer when the group is large.
-            log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g; candidate's "
-                "gain %.3f on %d samples): node %d %s", self.trial_evaluations, len(members),
-                float((group_acc - own_acc).sum()), threshold,
-                float(group_acc[-1] - own_acc[-1]), int(sizes[-1]), members[-1],
-                "joins" if accepted else "is rejected")
-        labels = clustering.labels_
+            self._run_trial(clustering, members, local_models, local_acc, grid)
+        models = self._adopt_clusters(clustering.labels_, clustering.num_clusters_, nodes,
+                                      rows, local_models)
+        log(INFO, "round %d: ACFL placed %d nodes in %d clusters of sizes %s after %d trial "
+            "federations", server_round, len(nodes), clustering.num_clusters_,
+            np.bincount(clustering.labels_).tolist(), self.trial_evaluations)
+        return p.pack_clusters(self.mix_clusters(models))
+
+    def _run_trial(
+        self,
+        clustering: GreedyIncentiveClustering,
+        members: list[int],
+        local_models: dict[int, Message],
+        local_acc: dict[int, float],
+        grid: Grid,
+    ) -> None:
+        """Score one trial federation (a cluster plus its candidate) and report it."""
+        # A trial reuses the members' local-only models: their weighted average
+        # is scored on each member's validation split, with no training.
+        trial_model = average_replies([local_models[n] for n in members])
+        global_acc = self._trial_accuracy(members, trial_model, grid)
+        # A member with no score after a retry is left out of the incentive (gain 0):
+        # scoring it 0 would read a lost message as a harmful federation.
+        group_acc = np.array([global_acc.get(n, local_acc[n]) for n in members])
+        own_acc = np.array([local_acc[n] for n in members])
+        sizes = np.array([self._validation_sizes[n] for n in members])
+        threshold = clustering.threshold_for(group_acc, own_acc, sizes)
+        accepted = clustering.report(group_acc, own_acc, sizes)
+        self.trial_evaluations += 1
+        # The candidate's own gain is logged apart: the sum can hide what
+        # federating costs the newcomer when the group is large.
+        log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g; candidate's "
+            "gain %.3f on %d samples): node %d %s", self.trial_evaluations, len(members),
+            float((group_acc - own_acc).sum()), threshold,
+            float(group_acc[-1] - own_acc[-1]), int(sizes[-1]), members[-1],
+            "joins" if accepted else "is rejected")
+
+    def _adopt_clusters(
+        self,
+        labels: np.ndarray,
+        num_clusters: int,
+        nodes: list[int],
+        rows: list[int],
+        local_models: dict[int, Message],
+    ) -> list[ArrayRecord]:
+        """Assign the clustered nodes; each cluster's model is its members' local-only mean."""
         # Nodes left out (absent from the last phase-1 round, or silent in the
         # local-only round) get no cluster: they choose among all by training loss.
         self.assignments.clear()
         models = []
-        for cluster in range(clustering.num_clusters_):
+        for cluster in range(num_clusters):
             cluster_nodes = [nodes[i] for i in np.flatnonzero(labels == cluster)]
-            models.append(self.average_models([local_models[n] for n in cluster_nodes]))
+            models.append(average_replies([local_models[n] for n in cluster_nodes]))
             for node in cluster_nodes:
                 self.assignments[node] = cluster
         # Each cluster's mean phase-1 update: what a later newcomer is compared with.
         self._directions = np.stack([
             self._last_updates[np.asarray(rows)[labels == cluster]].mean(axis=0)
-            for cluster in range(clustering.num_clusters_)
+            for cluster in range(num_clusters)
         ])
-        log(INFO, "round %d: ACFL placed %d nodes in %d clusters of sizes %s after %d trial "
-            "federations", server_round, len(nodes), clustering.num_clusters_,
-            np.bincount(labels).tolist(), self.trial_evaluations)
-        return p.pack_clusters(self.mix_clusters(models))
+        return models
 
     def _train_group(
         self, nodes: Sequence[int], model: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -362,13 +353,9 @@ class ACFL(HardClusteredStrategy):
         """One trial training round: each node trains ``model``; valid replies by node."""
         record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
         self.trial_train_messages += len(nodes)
-        replies = self.send(
-            grid,
-            self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
-        )
-        return {
-            m.metadata.src_node_id: m for m in self.check_replies(replies, model, "ACFL trial")
-        }
+        replies = self.send(grid, self.broadcast(nodes, record, MessageType.TRAIN))
+        valid = self.check_replies(replies, model, "ACFL trial", trains=False)
+        return {m.metadata.src_node_id: m for m in valid}
 
     def _trial_accuracy(
         self, members: Sequence[int], model: ArrayRecord, grid: Grid
@@ -391,16 +378,12 @@ class ACFL(HardClusteredStrategy):
         """Accuracy of each node's model on its validation split, for the nodes that answer."""
         config = ConfigRecord({p.CFG_SPLIT: "validation"})
         self.trial_messages += len(models)
-        replies = self.send(
-            grid,
-            self.build_messages(
-                {node: RecordDict({p.ARRAYS: m, p.CONFIG: config}) for node, m in models.items()},
-                MessageType.EVALUATE,
-            )
-        )
+        contents = {node: RecordDict({p.ARRAYS: m, p.CONFIG: config}) for node, m in models.items()}
+        replies = self.send(grid, self.build_messages(contents, MessageType.EVALUATE))
         scores = {}
         for msg in self.check_replies(
-            replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]}
+            replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]},
+            trains=False,
         ):
             metrics = msg.content.metric_records[p.METRICS]
             scores[msg.metadata.src_node_id] = float(metrics[p.M_ACCURACY])  # type: ignore[arg-type]

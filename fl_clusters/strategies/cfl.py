@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -20,8 +19,9 @@ from fl_clusters.clustering import (
     update_coherence,
     update_norms,
 )
-from fl_clusters.strategies.base import HardClusteredStrategy
-from fl_clusters.strategies.params import check_param
+from fl_clusters.strategies.hard import HardClusteredStrategy
+from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.replies import reply_updates
 
 
 def _below(value: float, bound: float) -> str:
@@ -105,21 +105,16 @@ class CFL(HardClusteredStrategy):
     mean_ratio : float (default: 0.8)
         Relative gate: split only when ``||mean Delta|| / mean ||Delta_i||``
         (the coherence, 1 when all members move alike) is below this, in
-        (0, 1]. Measured on 20 digits clients (MLP, 25 rounds): 0.78-0.88 for
-        members of one distribution while their model improves, falling to
-        0.47-0.58 by round 25; 0.46-0.49 for four rotation or label-permutation
-        groups, 0.64-0.66 for two. The split threshold and the group silhouette,
-        not this gate, are what stop spurious splits once it opens.
+        (0, 1]. Members of one distribution move alike while their model
+        improves and less so once it converges; members of distinct groups
+        cancel. The split threshold and the group silhouette, not this gate,
+        are what stop spurious splits once it opens (docs/clustering-defaults.md).
     max_ratio : float (default: 0.0)
         Relative gate: split only when the largest member norm is above this x R,
         >= 0; 0 asks only that some member moved. How far the norms fall
         after the first rounds is the optimizer's schedule, not the clients'
-        agreement: under Adam with 5 local epochs the largest norm fell to
-        0.53 R by round 3 while the two groups' moves cancelled (coherence
-        0.56), and 0.6 kept the gate closed for the whole run. On the digits
-        cells every cluster-round that 0.6 closed was refused by the split
-        test anyway (group silhouette <= 0.26 or cross similarity >= 0.45;
-        docs/clustering-defaults.md).
+        agreement: under Adam a bound on it can keep the gate closed while the
+        groups' moves cancel (docs/clustering-defaults.md).
     eps1 : float (default: 0.4)
         Absolute gate: split only when the mean update norm is below this, >= 0.
     eps2 : float (default: 0.45)
@@ -134,21 +129,45 @@ class CFL(HardClusteredStrategy):
         Accept a split only when the members' updates form groups: the best
         silhouette (cosine distance) of a complete-linkage clustering of them
         into 2..10 clusters is at least this, in [-1, 1]; -1 turns the test
-        off (the paper's rule). Measured: 0.45-0.94 for clusters that held 2 or
-        4 rotation, label-permutation or conflicting-label groups (digits MLP,
-        Fashion-MNIST MLP and CNN, SGD, momentum, Adam), 0.01-0.29 for
-        clusters of one group, where the cross similarity alone let small
-        noisy groups (e.g. 4 + 1 members) split (docs/clustering-defaults.md).
+        off (the paper's rule). Clusters that hold several groups score well
+        above it and clusters of one group well below, where the cross
+        similarity alone lets small noisy groups split
+        (docs/clustering-defaults.md).
         With the default gate this test is what keeps a converged cluster,
         whose members' noise cancels, from being cut.
     warmup_rounds : int (default: 2)
         No split is considered in rounds ``<= warmup_rounds``.
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta, mcfl, mcfl_feature_samples
-        AWCFL and MCFL options; see
-        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    **kwargs
+        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
     """
+
+    name = "cfl"
+    paper = "Sattler et al., IEEE TNNLS 2020"
+    params = (
+        Param("gate", "relative", "str",
+              "CFL split norms: scale-free (same round's updates), or absolute eps1/eps2",
+              choices=("relative", "absolute"), paper="absolute",
+              why="absolute eps1/eps2 fit one model and optimizer: under momentum or Adam "
+              "the update norms grow or shrink and the gate never opens; the relative gate "
+              "compares the mean update with the same round's update norms"),
+        Param("mean_ratio", 0.8, "float",
+              "CFL relative gate: split when |mean update| < this x the mean update norm",
+              above=0.0, high=1.0),
+        Param("max_ratio", 0.0, "float",
+              "CFL relative gate: largest update norm > this x the largest of the first "
+              "rounds (0: > 0)", low=0.0),
+        Param("eps1", 0.4, "float", "CFL: split when mean update norm < eps1", low=0.0),
+        Param("eps2", 0.45, "float", "CFL: and max client update norm > eps2", low=0.0),
+        Param("split_threshold", 0.45, "float",
+              "CFL: accept when max cross-cluster cosine < this", low=-1.0, high=1.0),
+        Param("min_silhouette", 0.4, "float",
+              "CFL: split only when the updates' best silhouette over 2..10 groups is >= this "
+              "(-1 = off)", low=-1.0, high=1.0, paper=-1.0,
+              why="the paper has no group test; without it, a cluster whose updates differ "
+              "only by sample noise is cut wherever the cross similarity dips below the "
+              "threshold"),
+        Param("warmup_rounds", 2, "int", "CFL: no split in the first rounds", low=0),
+    )
 
     def __init__(
         self,
@@ -161,61 +180,24 @@ class CFL(HardClusteredStrategy):
         split_threshold: float = 0.45,
         min_silhouette: float = 0.4,
         warmup_rounds: int = 2,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        awcfl_beta: float = 0.0,
-        mcfl: bool = False,
-        mcfl_feature_samples: int = 32,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            awcfl_beta=awcfl_beta,
-            mcfl=mcfl,
-            mcfl_feature_samples=mcfl_feature_samples,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
+            gate=gate, mean_ratio=mean_ratio, max_ratio=max_ratio, eps1=eps1, eps2=eps2,
+            split_threshold=split_threshold, min_silhouette=min_silhouette,
+            warmup_rounds=warmup_rounds, **kwargs,
         )
-        check_param("gate", gate, "str", choices=("relative", "absolute"))
-        check_param("mean_ratio", mean_ratio, "float", above=0.0, high=1.0)
-        check_param("max_ratio", max_ratio, "float", low=0.0)
-        check_param("eps1", eps1, "float", low=0.0)
-        check_param("eps2", eps2, "float", low=0.0)
-        check_param("split_threshold", split_threshold, "float", low=-1.0, high=1.0)
-        # -1 turns the group test off.
-        check_param("min_silhouette", min_silhouette, "float", low=-1.0, high=1.0)
-        check_param("warmup_rounds", warmup_rounds, "int", low=0)
-        self.gate = gate
-        self.mean_ratio = mean_ratio
-        self.max_ratio = max_ratio
-        self.eps1 = eps1
-        self.eps2 = eps2
-        self.split_threshold = split_threshold
-        self.min_silhouette = min_silhouette
-        self.warmup_rounds = warmup_rounds
         self.split_rounds: list[int] = []
         self.splits: list[SplitRecord] = []
         # Largest client update norm of the first rounds: the relative gate's scale.
         self.reference_norm = 0.0
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send every sampled node its cluster's model, placing newcomers first."""
-        nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
-        newcomers = self.newcomers(nodes)
-        if self.splits and newcomers:
-            self._place_by_split_tree(server_round, newcomers, config, grid)
-        return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
-
-    def _place_by_split_tree(
+    def place_newcomers(
         self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
     ) -> None:
         """Walk each node down the split tree by the similarity of its updates."""
+        if not self.splits:
+            return
         self._placement_asked.update(nodes)
         position = {node: (0, 0) for node in nodes}  # node -> (cluster, next split to test)
         while True:
@@ -230,14 +212,13 @@ class CFL(HardClusteredStrategy):
             answered = set()
             for index in sorted(set(pending.values())):
                 split = self.splits[index]
-                node_config = ConfigRecord(dict(config))
-                node_config[p.CFG_ROUND] = server_round
+                node_config = self.round_config(config, server_round)
                 node_config[p.CFG_ASSIGNED] = split.cluster
                 at_split = [n for n, i in pending.items() if i == index]
                 for msg in self.train_once(at_split, split.model, node_config, grid,
                                            "cfl placement"):
                     node = msg.metadata.src_node_id
-                    side = closest_direction(self.updates([msg], split.model)[0],
+                    side = closest_direction(reply_updates([msg], split.model)[0],
                                              split.directions)
                     position[node] = (split.new_cluster if side else split.cluster, index + 1)
                     answered.add(node)
@@ -251,20 +232,17 @@ class CFL(HardClusteredStrategy):
             log(INFO, "round %d: node %d placed in cluster %d down the split tree",
                 server_round, node, cluster)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_members(
+        self, server_round: int, members: dict[int, list[Message]]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Split the clusters that qualify, then average each cluster's members."""
-        members = self.replies_by_cluster(replies)
-        if not members:
-            return None, None
         models = list(self._models)
         groups: dict[int, list[Message]] = {}
         mean_norms, max_norms = [], []
         verdicts = []
         for cluster in sorted(members):
             trained = members[cluster]
-            updates = self.updates(trained, models[cluster])
+            updates = reply_updates(trained, models[cluster])
             gate_open, gate_text = self._gate(server_round, updates)
             decision = decide_cfl_split(
                 updates, self.eps1, self.eps2, self.split_threshold,

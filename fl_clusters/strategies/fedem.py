@@ -12,16 +12,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import group_by_kmeans
-from fl_clusters.strategies.base import (
-    ClusteredStrategy,
-    describe_steps_done,
+from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.params import FRACTION_TRAIN, Param, num_clusters_param
+from fl_clusters.strategies.replies import average_replies, train_losses
+from fl_clusters.strategies.warm_start import (
+    enough_local_models,
+    group_local_models,
     kmeans_start_problem,
+    warm_start_messages,
 )
-from fl_clusters.strategies.ifca import IFCA
-from fl_clusters.strategies.params import check_param
-
-FEDEM_INITS = ("local-kmeans", "random")
 
 
 class FedEM(ClusteredStrategy):
@@ -50,9 +49,8 @@ class FedEM(ClusteredStrategy):
     pretrained one is kept), components 1..M-1 are drawn at its scale. Packed
     ``initial_arrays`` (M components) are used as they are. From random draws every
     component fits every source about equally, the first responsibilities carry
-    no information, and the component that learns fastest takes every sample: on
-    a label-permutation mixture of digits the second component's weight fell to
-    0 within 30 rounds and FedEM was FedAvg. ``init="local-kmeans"`` (default)
+    no information, and the component that learns fastest can take every sample,
+    which leaves FedEM as FedAvg. ``init="local-kmeans"`` (default)
     spends round 1 on a warm start, as IFCA's: every sampled node trains the
     initial model for ``init_steps`` local steps, k-means groups the nodes'
     output-layer updates into M groups, and component m starts as the
@@ -71,7 +69,21 @@ class FedEM(ClusteredStrategy):
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
-    # The final report asks nodes for their mixture's accuracy (server_app.collect_report).
+    name = "fedem"
+    paper = "Marfoq et al., NeurIPS 2021"
+    params = (
+        num_clusters_param(3, low=2),  # M = 1 would be FedAvg
+        Param("init", "local-kmeans", "str",
+              "FedEM components: k-means of a warm-start round, or the paper's random draws",
+              choices=("local-kmeans", "random"), paper="random",
+              why="from M random components EM rarely separates groups that differ by a "
+              "label permutation; a warm-start round's k-means starts each component inside "
+              "a group (benchmarks/measured/fedem_mixture.json)"),
+        Param("init_steps", 100, "int",
+              "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
+        FRACTION_TRAIN,
+    )
+    # The final report asks nodes for their mixture's accuracy (fl_clusters.report).
     mixture = True
 
     def __init__(
@@ -80,26 +92,9 @@ class FedEM(ClusteredStrategy):
         *,
         init: str = "local-kmeans",
         init_steps: int = 100,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
-        )
-        # One component is FedAvg.
-        check_param("num_clusters", num_clusters, "int", low=2)
-        check_param("init", init, "str", choices=FEDEM_INITS)
-        check_param("init_steps", init_steps, "int", low=1)
-        self.num_clusters = num_clusters
-        self.init = init
-        self.init_steps = init_steps
+        super().__init__(num_clusters=num_clusters, init=init, init_steps=init_steps, **kwargs)
         self.warm_start_groups: dict[int, int] = {}
         self._warm_start_round: int | None = None
         self.mixture_weights: dict[int, np.ndarray] = {}
@@ -128,14 +123,14 @@ class FedEM(ClusteredStrategy):
         return arrays
 
     def _messages(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
-        message_type: str,
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, fraction: float,
+        grid: Grid, message_type: str,
     ) -> list[Message]:
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        """Every M component to each sampled node (none when ``fraction`` is 0)."""
+        node_config = self.round_config(config, server_round)
         node_config[p.CFG_MIXTURE] = True
         record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
-        return self.build_messages(dict.fromkeys(nodes, record), message_type)
+        return self.broadcast(self.sampled(grid, fraction), record, message_type)
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -144,13 +139,14 @@ class FedEM(ClusteredStrategy):
         """Send all M components to the sampled nodes (the initial model in a warm start)."""
         if self.fraction_train == 0.0:
             return []
-        nodes = self.sample(grid, self.fraction_train)
         if not p.is_packed(arrays) and self.init == "local-kmeans":
-            return self._configure_warm_start(server_round, arrays, config, nodes)
+            return self._configure_warm_start(server_round, arrays, config, grid)
         self._current = self._components(arrays)
-        log(INFO, "configure_train: %d nodes train all %d components", len(nodes),
+        messages = self._messages(server_round, self._current, config, self.fraction_train,
+                                  grid, MessageType.TRAIN)
+        log(INFO, "configure_train: %d nodes train all %d components", len(messages),
             self.num_clusters)
-        return self._messages(server_round, self._current, config, nodes, MessageType.TRAIN)
+        return messages
 
     def _mixture_problem(self, msg: Message) -> str | None:
         """Why a reply's pi cannot be used, or ``None`` when it can."""
@@ -175,7 +171,7 @@ class FedEM(ClusteredStrategy):
         if server_round == self._warm_start_round:
             return self._aggregate_warm_start(server_round, replies)
         valid = []
-        for msg in self.check_replies(replies, self._current, "aggregate_train"):
+        for msg in self.check_replies(replies, self._current, "aggregate_train", trains=True):
             problem = self._mixture_problem(msg)
             if problem is not None:
                 self.rejected_replies += 1
@@ -190,7 +186,7 @@ class FedEM(ClusteredStrategy):
             pi = np.asarray(msg.content.metric_records[p.METRICS][p.M_MIXTURE_WEIGHTS])
             self.mixture_weights[node] = pi
             self.assignments[node] = int(np.argmax(pi))
-        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        losses = train_losses(valid)
         mean_pi = np.mean([self.mixture_weights[m.metadata.src_node_id] for m in valid], axis=0)
         log(INFO, "round %d: FedEM mean pi %s over %d nodes", server_round,
             mean_pi.round(3).tolist(), len(valid))
@@ -203,73 +199,49 @@ class FedEM(ClusteredStrategy):
         )
         # The packed components share keys, so one example-weighted mean averages
         # every component over the nodes at once.
-        return self.average_models(valid), metrics
+        return average_replies(valid), metrics
 
     # --------------------------------------------------------------- warm start
     def federation_problem(self, num_nodes: int) -> str | None:
         """The k-means warm start needs a local model per component in round 1."""
-        if self.init != "local-kmeans":
-            return None
-        return kmeans_start_problem(
-            "FedEM", num_nodes, self.fraction_train, self.num_clusters, "set fedem-init='random'"
-        )
+        return kmeans_start_problem("FedEM", self.init, num_nodes, self.fraction_train,
+                                    self.num_clusters, "set fedem-init='random'")
 
     def _configure_warm_start(
-        self, server_round: int, model: ArrayRecord, config: ConfigRecord, nodes: list[int]
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
         """``init="local-kmeans"``: every sampled node trains the single initial model."""
+        nodes = self.sample(grid, self.fraction_train)
         self._current = model
         self._warm_start_round = server_round
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        node_config = self.round_config(config, server_round)
         node_config[p.CFG_STEPS] = self.init_steps
-        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
         log(INFO, "configure_train: FedEM warm start, %d nodes train the initial model "
             "(asked for %d local steps)", len(nodes), self.init_steps)
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        return warm_start_messages(nodes, model, node_config)
 
     def _aggregate_warm_start(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Group the first local models by k-means; component m <- mean of group m."""
         model = self._current
-        valid = sorted(
-            self.check_replies(replies, model, "aggregate_train"),
-            key=lambda m: self.node_order(m.metadata.src_node_id),
-        )
-        if not valid:
-            # The result stays the plain model, so the next round warm-starts again
-            # (the base class stops the run after max_failed_rounds such rounds).
+        valid = self.check_replies(replies, model, "aggregate_train", trains=True)
+        if not enough_local_models("FedEM", server_round, valid, self.num_clusters,
+                                   "fedem-init='random'"):
+            # The result stays the plain model, so the next round warm-starts again.
             return None, None
-        if len(valid) < self.num_clusters:
-            # A round that lost most replies must not end the run: try again next round.
-            log(WARNING, "round %d: FedEM warm start: %d valid local models for %d components; "
-                "the warm start is repeated next round (if this persists: sample more nodes, "
-                "fix the failing nodes, or use fedem-init='random')", server_round, len(valid),
-                self.num_clusters)
-            return None, None
-        # The output layer's updates, as IFCA's warm start groups them.
-        groups = group_by_kmeans(
-            IFCA._init_features(valid, model), self.num_clusters, self.seed
-        )
-        members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
-                   for j in range(self.num_clusters)]
+        start = group_local_models(valid, model, self.num_clusters, self.seed)
         rng = np.random.default_rng(self.seed)
         # A group k-means left empty (identical updates) starts from a random draw.
-        components = [self.average_models(group) if group else p.random_like(model, rng)
-                      for group in members]
-        self.warm_start_groups = {
-            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
-        }
+        components = [average_replies(group) if group else p.random_like(model, rng)
+                      for group in start.members()]
+        self.warm_start_groups = start.node_groups()
         # The hard view until the nodes report their first pi.
         self.assignments.update(self.warm_start_groups)
-        sizes = np.bincount(groups, minlength=self.num_clusters).astype(int).tolist()
-        log(INFO, "round %d: FedEM warm start: %s; k-means groups of sizes %s", server_round,
-            describe_steps_done(valid, self.init_steps), sizes)
-        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        start.log("FedEM", server_round, self.init_steps)
         metrics = MetricRecord(
-            {p.M_TRAIN_LOSS: float(np.mean(losses)), "num-trained": len(valid),
-             "warm-start-group-sizes": sizes}
+            {p.M_TRAIN_LOSS: float(np.mean(train_losses(valid))), "num-trained": len(valid),
+             "warm-start-group-sizes": start.sizes()}
         )
         return p.pack_clusters(components), metrics
 
@@ -278,10 +250,8 @@ class FedEM(ClusteredStrategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Send all M components; each node scores its own mixture on its test split."""
-        if self.fraction_evaluate == 0.0:
-            return []
-        nodes = self.sample(grid, self.fraction_evaluate)
-        return self._messages(server_round, arrays, config, nodes, MessageType.EVALUATE)
+        return self._messages(server_round, arrays, config, self.fraction_evaluate, grid,
+                              MessageType.EVALUATE)
 
     def summary_fields(self) -> dict[str, Any]:
         """M, the start, warm-start groups, pi per node and FedEM's own clustering.

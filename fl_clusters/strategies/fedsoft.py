@@ -15,26 +15,25 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
-    group_by_kmeans,
     importance_weights,
     sample_per_cluster,
     selection_probabilities,
     weighted_average,
 )
-from fl_clusters.strategies.base import (
-    ClusteredStrategy,
-    describe_steps_done,
+from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.params import Param, num_clusters_param
+from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
+from fl_clusters.strategies.warm_start import (
+    group_local_models,
     kmeans_start_problem,
+    warm_start_messages,
 )
-from fl_clusters.strategies.params import check_param
-
-FEDSOFT_INITS = ("random", "local-kmeans")
 
 
 def _plain_mean(replies: list[Message], names: list[str]) -> ArrayRecord:
     """The unweighted mean of the replies' models (FedSoft's 1/K cluster update)."""
-    layers = [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in replies]
-    return p.numpy_to_record(names, weighted_average(layers, [1.0] * len(layers)))
+    return p.numpy_to_record(names, weighted_average(reply_layers(replies, names),
+                                                     [1.0] * len(replies)))
 
 
 class FedSoft(ClusteredStrategy):
@@ -65,7 +64,7 @@ class FedSoft(ClusteredStrategy):
     draws them independently. They then fit every sample about equally, so the
     first estimates of u carry no information and the first draws mix all
     sources; when one network can fit every source (quarter-turn digits), both
-    clusters can settle as generalists (half of the measured runs). With
+    clusters can settle as generalists. With
     ``init="local-kmeans"`` round 1 is a warm-start round: every node trains its
     persistent model once from the initial model (one local task, no proximal
     term), the server groups the nodes' updates into S groups with k-means and
@@ -91,6 +90,21 @@ class FedSoft(ClusteredStrategy):
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
+    name = "fedsoft"
+    paper = "Ruan and Joe-Wong, AAAI 2022"
+    # No fraction_train: the strategy draws clients_per_cluster nodes per cluster.
+    params = (
+        num_clusters_param(2),
+        Param("tau", 2, "int", "FedSoft: importance estimate every tau rounds", low=1),
+        Param("sigma", 1e-4, "float", "FedSoft importance floor", low=0.0, high=1.0),
+        Param("clients_per_cluster", 5, "int", "FedSoft K", low=1),
+        Param("proximal_lambda", 0.1, "float", "FedSoft proximal weight", low=0.0,
+              key="fedsoft-lambda"),
+        Param("init", "random", "str",
+              "FedSoft cluster models: random draws, or k-means of a warm-start round",
+              choices=("random", "local-kmeans")),
+    )
+
     def __init__(
         self,
         num_clusters: int = 2,
@@ -100,29 +114,13 @@ class FedSoft(ClusteredStrategy):
         clients_per_cluster: int = 5,
         proximal_lambda: float = 0.1,
         init: str = "random",
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
+            num_clusters=num_clusters, tau=tau, sigma=sigma,
+            clients_per_cluster=clients_per_cluster, proximal_lambda=proximal_lambda, init=init,
+            **kwargs,
         )
-        check_param("num_clusters", num_clusters, "int", low=1)
-        check_param("tau", tau, "int", low=1)
-        check_param("sigma", sigma, "float", low=0.0, high=1.0)
-        check_param("clients_per_cluster", clients_per_cluster, "int", low=1)
-        check_param("proximal_lambda", proximal_lambda, "float", low=0.0)
-        check_param("init", init, "str", choices=FEDSOFT_INITS)
-        self.num_clusters = num_clusters
-        self.tau = tau
-        self.sigma = sigma
-        self.clients_per_cluster = clients_per_cluster
-        self.proximal_lambda = proximal_lambda
-        self.init = init
         self.warm_start_groups: dict[int, int] = {}
         self._warm_start_round: int | None = None
         self._warm_start_steps = 0  # local-steps the warm start asked for (0: epochs)
@@ -173,7 +171,8 @@ class FedSoft(ClusteredStrategy):
             )
         )
         counts_field = {p.M_COUNTS: p.MetricField(length=self.num_clusters, low=0.0)}
-        for msg in self.check_replies(replies, None, "fedsoft importance estimate", counts_field):
+        for msg in self.check_replies(replies, None, "fedsoft importance estimate", counts_field,
+                                      trains=False):
             node = msg.metadata.src_node_id
             counts = msg.content.metric_records[p.METRICS][p.M_COUNTS]
             try:
@@ -185,7 +184,7 @@ class FedSoft(ClusteredStrategy):
                     node, err)
                 continue
             self.importance[node] = u
-            self.num_train_examples[node] = self.num_examples(msg)
+            self.num_train_examples[node] = num_examples(msg)
             # The hard view of the soft weights: used to pick an untrained node's
             # evaluation model and for cluster-recovery metrics.
             self.assignments[node] = int(np.argmax(u))
@@ -235,8 +234,7 @@ class FedSoft(ClusteredStrategy):
         contents: dict[int, RecordDict] = {}
         # A set: a node drawn by several clusters still gets one message.
         for node in sorted({n for picks in self.selections[server_round] for n in picks}):
-            node_config = ConfigRecord(dict(config))
-            node_config[p.CFG_ROUND] = server_round
+            node_config = self.round_config(config, server_round)
             node_config[p.CFG_PERSISTENT] = True
             node_config[p.CFG_PROX_MU] = self.proximal_lambda
             node_config[p.CFG_CENTER_WEIGHTS] = self.importance[node].tolist()
@@ -264,7 +262,7 @@ class FedSoft(ClusteredStrategy):
         replies = list(replies)
         # A node that failed may have lost its state (a restart): send it a start again.
         self._initialized -= {m.metadata.src_node_id for m in replies if m.has_error()}
-        valid = self.check_replies(replies, models[0], "aggregate_train")
+        valid = self.check_replies(replies, models[0], "aggregate_train", trains=True)
         self._initialized |= {m.metadata.src_node_id for m in valid}
         if not valid:
             return None, None
@@ -279,7 +277,7 @@ class FedSoft(ClusteredStrategy):
                 new_models.append(models[s])
                 continue
             new_models.append(_plain_mean(members, names))
-        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        losses = train_losses(valid)
         metrics = MetricRecord(
             {
                 p.M_TRAIN_LOSS: float(np.mean(losses)),
@@ -294,22 +292,17 @@ class FedSoft(ClusteredStrategy):
     # --------------------------------------------------------------- warm start
     def federation_problem(self, num_nodes: int) -> str | None:
         """The k-means warm start needs a node per cluster in round 1 (all nodes train)."""
-        if self.init != "local-kmeans":
-            return None
-        return kmeans_start_problem(
-            "FedSoft", num_nodes, 1.0, self.num_clusters, "set fedsoft-init='random'"
-        )
+        return kmeans_start_problem("FedSoft", self.init, num_nodes, 1.0, self.num_clusters,
+                                    "set fedsoft-init='random'")
 
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
         """``init="local-kmeans"``: every node trains its own model once from ``model``."""
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        node_config = self.round_config(config, server_round)
         node_config[p.CFG_PERSISTENT] = True
-        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
-        messages = self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        messages = warm_start_messages(nodes, model, node_config)
         self._current = model
         self._warm_start_round = server_round
         self._warm_start_steps = int(config.get(p.CFG_STEPS, 0))  # type: ignore[arg-type]
@@ -321,37 +314,30 @@ class FedSoft(ClusteredStrategy):
     def _aggregate_warm_start(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Group the nodes' first updates with k-means; cluster s <- mean of group s."""
-        valid = sorted(
-            self.check_replies(replies, self._current, "fedsoft warm start"),
-            key=lambda m: self.node_order(m.metadata.src_node_id),
-        )
+        """Group the nodes' first updates with k-means; cluster s <- mean of group s.
+
+        K-means groups the whole updates (IFCA and FedEM group the output layer's).
+        """
+        valid = self.check_replies(replies, self._current, "fedsoft warm start", trains=True)
         if len(valid) < self.num_clusters:
             raise ValueError(
                 f"FedSoft warm start: {len(valid)} valid local models for "
                 f"{self.num_clusters} clusters; k-means needs at least one per cluster. "
                 f"Fix the failing nodes, add nodes, or use init='random'"
             )
-        groups = group_by_kmeans(self.updates(valid, self._current), self.num_clusters, self.seed)
+        start = group_local_models(valid, self._current, self.num_clusters, self.seed,
+                                   points=reply_updates(valid, self._current))
         names = list(self._current.keys())
-        models = []
-        for s in range(self.num_clusters):
-            members = [m for m, g in zip(valid, groups, strict=True) if g == s]
-            models.append(_plain_mean(members, names))
-        self.warm_start_groups = {
-            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
-        }
+        models = [_plain_mean(members, names) for members in start.members()]
+        self.warm_start_groups = start.node_groups()
         # The hard view until the first importance estimate replaces it.
         self.assignments.update(self.warm_start_groups)
-        sizes = np.bincount(groups, minlength=self.num_clusters).tolist()
-        log(INFO, "round %d: FedSoft warm start: %s; k-means groups of sizes %s", server_round,
-            describe_steps_done(valid, self._warm_start_steps), sizes)
-        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
+        start.log("FedSoft", server_round, self._warm_start_steps)
         metrics = MetricRecord(
             {
-                p.M_TRAIN_LOSS: float(np.mean(losses)),
+                p.M_TRAIN_LOSS: float(np.mean(train_losses(valid))),
                 "num-trained": len(valid),
-                "warm-start-group-sizes": sizes,
+                "warm-start-group-sizes": start.sizes(),
                 "max-tasks-per-node": max(self.train_tasks[server_round].values(), default=0),
             }
         )

@@ -17,7 +17,8 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import check_param
+from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.replies import average_replies, reply_layers
 
 K_DISTANCE_PLOT = "k_distance.png"
 
@@ -85,6 +86,19 @@ class FLDC(ClusteredStrategy):
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
+    name = "fldc"
+    paper = "Wang and Li, 2025"
+    # No fraction_train: round 1 trains every node, later rounds r of every cluster.
+    params = (
+        Param("min_pts", 4, "int", "FLDC DBSCAN MinPts (the point itself counts)", low=2),
+        Param("eps", None, "float", "FLDC DBSCAN eps (0 = chosen by fldc-eps-method)",
+              above=0.0, allow_none=True, unset=0.0),
+        Param("eps_method", "knee", "str",
+              "FLDC eps when fldc-eps is 0: k-distance knee, or best silhouette over a grid "
+              "(the paper's table 5)", choices=EPS_METHODS),
+        Param("r", 0.2, "float", "FLDC sampling rate per cluster", above=0.0, high=1.0),
+    )
+
     def __init__(
         self,
         *,
@@ -92,27 +106,9 @@ class FLDC(ClusteredStrategy):
         eps: float | None = None,
         eps_method: str = "knee",
         r: float = 0.2,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            fraction_train=1.0,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
-        )
-        check_param("min_pts", min_pts, "int", low=2)
-        # None: eps is read off the k-distance curve by eps_method.
-        check_param("eps", eps, "float", above=0.0, allow_none=True)
-        check_param("eps_method", eps_method, "str", choices=EPS_METHODS)
-        check_param("r", r, "float", above=0.0, high=1.0)
-        self.min_pts = min_pts
-        self.eps = eps
-        self.eps_method = eps_method
-        self.r = r
+        super().__init__(min_pts=min_pts, eps=eps, eps_method=eps_method, r=r, **kwargs)
         self.clustering: DensityClustering | None = None
         self.labels: dict[int, int] = {}
         self._strata: dict[int, int] = {}
@@ -145,20 +141,19 @@ class FLDC(ClusteredStrategy):
                 self.rng,
             )
             nodes = [known[int(i)] for i in chosen]
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        node_config = self.round_config(config, server_round)
         if self.clustering is None:
             self._round0_config = node_config
         record = RecordDict({p.ARRAYS: arrays, p.CONFIG: node_config})
         log(INFO, "configure_train: %d nodes (%s)", len(nodes),
             "round 0, all nodes" if self.clustering is None else "stratified sample")
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        return self.broadcast(nodes, record, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Cluster the round-0 models once; weighted FedAvg of the replies every round."""
-        valid = self.check_replies(replies, self._current, "aggregate_train")
+        valid = self.check_replies(replies, self._current, "aggregate_train", trains=True)
         if self.clustering is None:
             if len(valid) < self.min_pts:
                 # Too few models to find dense regions this round: average what came
@@ -174,7 +169,7 @@ class FLDC(ClusteredStrategy):
         metrics = MetricRecord(
             {p.M_TRAIN_LOSS: float(np.mean(losses)), "num-trained": len(valid)}
         )
-        return self.average_models(valid), metrics
+        return average_replies(valid), metrics
 
     def _place_newcomers(self, grid: Grid) -> None:
         """Give nodes that joined after round 0 a stratum by DBSCAN's own rule.
@@ -184,7 +179,7 @@ class FLDC(ClusteredStrategy):
         eps (:meth:`DensityClustering.predict`), or is noise. A node is asked once.
         """
         _, connected = sample_nodes(grid, self.min_available_nodes, 0)
-        if self._handshake:
+        if self.nodes.started:
             self.learn_node_keys(grid, connected)
         newcomers = sorted(set(connected) - set(self.labels) - self._placement_asked,
                            key=self.node_order)
@@ -196,9 +191,7 @@ class FLDC(ClusteredStrategy):
         if not valid:
             return
         names = list(self._round0_model.keys())
-        points = flatten_models(
-            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in valid]
-        )
+        points = flatten_models(reply_layers(valid, names))
         for msg, label in zip(valid, self.clustering.predict(points), strict=True):
             node = msg.metadata.src_node_id
             self.labels[node] = int(label)
@@ -211,9 +204,7 @@ class FLDC(ClusteredStrategy):
     def _cluster(self, server_round: int, valid: list[Message]) -> list[Message]:
         """DBSCAN over the round-0 models; return the replies of clustered nodes."""
         names = list(self._current.keys())
-        points = flatten_models(
-            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in valid]
-        )
+        points = flatten_models(reply_layers(valid, names))
         self.clustering = DensityClustering(self.min_pts, self.eps, self.eps_method).fit(points)
         self._round0_model = self._current
         nodes = [m.metadata.src_node_id for m in valid]

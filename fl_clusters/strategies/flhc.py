@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from logging import INFO
 from typing import Any
 
@@ -13,8 +12,9 @@ from flwr.serverapp import Grid
 
 from fl_clusters.clustering import UpdateHierarchy
 from fl_clusters.clustering.hierarchical import DISTANCES, LINKAGES, THRESHOLDS
-from fl_clusters.strategies.base import HardClusteredStrategy
-from fl_clusters.strategies.params import check_param
+from fl_clusters.strategies.hard import HardClusteredStrategy
+from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.replies import reply_updates
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -35,7 +35,7 @@ class FLHC(HardClusteredStrategy):
     joined later) has no cluster. The first time it is sampled it trains once
     from the model the clustered updates started from, and joins the cluster
     whose mean update is nearest to its own update under ``metric``
-    (:meth:`~fl_clusters.strategies.base.HardClusteredStrategy.place_by_update`),
+    (:meth:`~fl_clusters.strategies.hard.HardClusteredStrategy.place_by_update`),
     for good. Only a node that does not answer that request falls back to the
     loss: it receives every cluster model and trains the one of lowest loss on
     its training split, which places it.
@@ -68,12 +68,31 @@ class FLHC(HardClusteredStrategy):
     distance_threshold : float (default: 0.9)
         Absolute cut, > 0, in the metric's units. Update distances scale with the
         model and local work: 0.9 suits the bundled digits MLP (lr 0.1, 10 steps).
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta, mcfl, mcfl_feature_samples
-        AWCFL and MCFL options; see
-        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    **kwargs
+        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
     """
+
+    name = "flhc"
+    paper = "Briggs, Fan, Andras, IJCNN 2020 (FL+HC)"
+    params = (
+        Param("warmup_rounds", 3, "int", "FL+HC: FedAvg rounds before clustering", low=0),
+        Param("linkage", "ward", "str", "FL+HC agglomerative linkage", choices=LINKAGES),
+        Param("metric", "euclidean", "str",
+              "FL+HC distance between updates (ward needs euclidean)", choices=DISTANCES),
+        Param("threshold", "gap", "str",
+              "FL+HC cut: largest jump of merge heights, ratio x nearest distance, or absolute",
+              choices=THRESHOLDS, paper="absolute",
+              why="an absolute distance threshold is in the units of one model and data set; "
+              "the gap cut reads the tree's own merge heights, whatever the model's scale"),
+        Param("min_gap", 1.6, "float",
+              "FL+HC gap cut: smallest jump between merge heights that separates clusters",
+              above=1.0),
+        Param("distance_ratio", 2.5, "float",
+              "FL+HC relative cut: this x the median distance to the nearest other update",
+              above=0.0),
+        Param("distance_threshold", 0.9, "float",
+              "FL+HC absolute cut (the paper's form; suits the digits MLP only)", above=0.0),
+    )
 
     def __init__(
         self,
@@ -85,71 +104,46 @@ class FLHC(HardClusteredStrategy):
         min_gap: float = 1.6,
         distance_ratio: float = 2.5,
         distance_threshold: float = 0.9,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        awcfl_beta: float = 0.0,
-        mcfl: bool = False,
-        mcfl_feature_samples: int = 32,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            awcfl_beta=awcfl_beta,
-            mcfl=mcfl,
-            mcfl_feature_samples=mcfl_feature_samples,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
+            warmup_rounds=warmup_rounds, linkage=linkage, metric=metric, threshold=threshold,
+            min_gap=min_gap, distance_ratio=distance_ratio,
+            distance_threshold=distance_threshold, **kwargs,
         )
-        check_param("warmup_rounds", warmup_rounds, "int", low=0)
-        check_param("linkage", linkage, "str", choices=LINKAGES)
-        check_param("metric", metric, "str", choices=DISTANCES)
-        check_param("threshold", threshold, "str", choices=THRESHOLDS)
-        check_param("min_gap", min_gap, "float", above=1.0)
-        check_param("distance_ratio", distance_ratio, "float", above=0.0)
-        check_param("distance_threshold", distance_threshold, "float", above=0.0)
         try:
+            # From the attributes: the preset may have replaced an argument's default.
             self.hierarchy = UpdateHierarchy(
-                linkage, metric, threshold, min_gap, distance_ratio, distance_threshold
+                self.linkage, self.metric, self.threshold, self.min_gap, self.distance_ratio,
+                self.distance_threshold,
             )
         except ValueError as error:
             raise ValueError(
                 f"{error} (run-config keys 'flhc-linkage', 'flhc-metric', 'flhc-threshold', "
                 "'flhc-min-gap', 'flhc-distance-ratio', 'flhc-distance-threshold')"
             ) from error
-        self.warmup_rounds = warmup_rounds
         self.clustering_round: int | None = None
         # For late nodes: the model the clustered updates started from, and each
         # cluster's mean update.
         self._reference_start = ArrayRecord()
         self._references: np.ndarray | None = None
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send every sampled node its cluster's model (the global one before clustering).
+    def place_newcomers(
+        self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
+    ) -> None:
+        """After the clustering, in the nearest cluster.
 
-        A node without a cluster after the clustering (it joined late) joins the
-        nearest cluster: it trains once from the model the clustered updates
-        started from, and the cluster whose mean update is nearest to its own
-        under ``metric`` takes it.
+        A node trains once from the model the clustered updates started from, and
+        the cluster whose mean update is nearest to its own under ``metric`` takes it.
         """
-        nodes = self.sample(grid, self.fraction_train) if self.fraction_train > 0.0 else []
-        if self._references is not None and (newcomers := self.newcomers(nodes)):
-            self.place_by_update(server_round, newcomers, self._reference_start,
+        if self._references is not None:
+            self.place_by_update(server_round, nodes, self._reference_start,
                                  self._references, config, grid, self.hierarchy.metric)
-        return self.assigned_train_messages(server_round, arrays, config, grid, nodes)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_members(
+        self, server_round: int, members: dict[int, list[Message]]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg (per cluster once clustered); cluster the updates right after the warm-up."""
-        members = self.replies_by_cluster(replies)
-        if not members:
-            return None, None
         if self.clustering_round is not None or server_round <= self.warmup_rounds:
             packed, metrics = self.aggregate_clusters(self._models, members)
             if self.clustering_round is None:
@@ -159,7 +153,7 @@ class FLHC(HardClusteredStrategy):
                     "round %d", server_round, self.warmup_rounds + 1)
             return packed, metrics
         trained = members[0]
-        updates = self.updates(trained, self._models[0])
+        updates = reply_updates(trained, self._models[0])
         labels = self.hierarchy.fit_predict(updates)
         self.clustering_round = server_round
         self._reference_start = self._models[0]

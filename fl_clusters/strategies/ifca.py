@@ -13,21 +13,21 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
+    cluster_update,
     group_by_kmeans,
-    output_layer_profiles,
+    most_balanced_restart,
     unit_rows,
     widest_group,
 )
-from fl_clusters.strategies.base import (
-    ClusteredStrategy,
-    describe_steps_done,
+from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
+from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
+from fl_clusters.strategies.warm_start import (
+    enough_local_models,
+    group_local_models,
     kmeans_start_problem,
+    warm_start_messages,
 )
-from fl_clusters.strategies.params import check_param
-
-MODES = ("model", "gradient")
-INITS = ("local-kmeans", "random")
-AGGREGATIONS = ("weighted", "paper")
 
 
 class IFCA(ClusteredStrategy):
@@ -72,21 +72,51 @@ class IFCA(ClusteredStrategy):
         scored in one query that sends each sampled client the initial model and
         the candidates' seeds (the client draws the candidates itself).
     init_steps : int (default: 100)
-        Local SGD steps of the ``local-kmeans`` round, >= 1. Ten steps from a
-        random model leave label-permuted groups under Dirichlet(0.5) skew
-        inseparable (ARI -0.12 to 0.22 on digits, 3 seeds); 100 steps separate
-        them (ARI 0.86 to 1.0).
+        Local SGD steps of the ``local-kmeans`` round, >= 1: enough for the
+        local models to move away from the random start towards their own
+        data, so that groups (label skew included) separate
+        (docs/clustering-defaults.md).
     reseed_after : int (default: 3)
         A cluster no client chose for this many rounds in a row is re-seeded:
         the members of the cluster with the widest spread of updates are split in
         two by 2-means and each side's mean becomes one of the two models. 0
         never re-seeds.
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta, mcfl, mcfl_feature_samples
-        AWCFL and MCFL options; see
-        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    **kwargs
+        The shared arguments, those of
+        :class:`~fl_clusters.strategies.hard.HardClusteredStrategy` (AWCFL and MCFL too).
     """
+
+    name = "ifca"
+    paper = "Ghosh et al., NeurIPS 2020"
+    params = (
+        num_clusters_param(4),
+        Param("mode", "model", "str", "IFCA model or gradient averaging",
+              choices=("model", "gradient")),
+        Param("server_lr", 0.5, "float", "IFCA gradient mode: server step gamma", above=0.0),
+        Param("aggregation", "weighted", "str",
+              "IFCA: example-weighted means, or the paper's unweighted updates",
+              choices=("weighted", "paper"), paper="paper",
+              why="a cluster's model weighs each member by its examples, as FedAvg does; the "
+              "paper's plain means let a small client count as much as a large one"),
+        Param("head_layers", 0, "int", "IFCA weight sharing: clustered last layers", low=0),
+        Param("init", "local-kmeans", "str",
+              "IFCA start: k-means of a first local round, or the paper's random models",
+              choices=("local-kmeans", "random"), paper="random",
+              why="k random models leave most clients choosing the same one when the groups "
+              "differ by a label permutation or rotation; k-means of one local round's "
+              "updates starts each cluster inside a group (docs/clustering-defaults.md)"),
+        Param("restarts", 1, "int",
+              "IFCA random initializations to try (ifca-init='random'; most balanced wins)",
+              low=1),
+        Param("init_steps", 100, "int",
+              "IFCA local-kmeans start: local SGD steps of the first round", low=1),
+        Param("reseed_after", 3, "int",
+              "IFCA: re-seed a cluster no client chose for this many rounds (0 = never)", low=0,
+              paper=0, why="a cluster no client chooses never trains again in the paper's "
+              "rule; re-seeding it from the widest cluster gives it a group to win"),
+        FRACTION_TRAIN,
+        *INTER_CLUSTER,
+    )
 
     def __init__(
         self,
@@ -100,43 +130,13 @@ class IFCA(ClusteredStrategy):
         restarts: int = 1,
         init_steps: int = 100,
         reseed_after: int = 3,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        awcfl_beta: float = 0.0,
-        mcfl: bool = False,
-        mcfl_feature_samples: int = 32,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            awcfl_beta=awcfl_beta,
-            mcfl=mcfl,
-            mcfl_feature_samples=mcfl_feature_samples,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
+            num_clusters=num_clusters, mode=mode, server_lr=server_lr, aggregation=aggregation,
+            head_layers=head_layers, init=init, restarts=restarts, init_steps=init_steps,
+            reseed_after=reseed_after, **kwargs,
         )
-        check_param("num_clusters", num_clusters, "int", low=1)
-        check_param("mode", mode, "str", choices=MODES)
-        check_param("server_lr", server_lr, "float", above=0.0)
-        check_param("aggregation", aggregation, "str", choices=AGGREGATIONS)
-        check_param("head_layers", head_layers, "int", low=0)
-        check_param("init", init, "str", choices=INITS)
-        check_param("restarts", restarts, "int", low=1)
-        check_param("init_steps", init_steps, "int", low=1)
-        check_param("reseed_after", reseed_after, "int", low=0)
-        self.num_clusters = num_clusters
-        self.mode = mode
-        self.server_lr = server_lr
-        self.aggregation = aggregation
-        self.head_layers = head_layers
-        self.init = init
-        self.restarts = restarts
-        self.init_steps = init_steps
-        self.reseed_after = reseed_after
         self.reseeds: list[tuple[int, int, int]] = []
         self.init_groups: dict[int, int] = {}
         self._idle_rounds = np.zeros(num_clusters, dtype=np.int64)
@@ -167,26 +167,19 @@ class IFCA(ClusteredStrategy):
             p.CFG_NUM_CLUSTERS: self.num_clusters,
             p.CFG_HEAD_LAYERS: self.head_layers,
         })
-        replies = self.send(grid, self.build_messages(
-            {n: RecordDict({p.ARRAYS: model, p.CONFIG: config}) for n in nodes},
-            p.QUERY_CLUSTER_LOSSES,
-        ))
+        record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
+        replies = self.send(grid, self.broadcast(nodes, record, p.QUERY_CLUSTER_LOSSES))
         losses = {p.M_CLUSTER_LOSSES: p.MetricField(length=self.restarts * self.num_clusters)}
-        valid = self.check_replies(replies, None, "ifca restarts", losses)
+        valid = self.check_replies(replies, None, "ifca restarts", losses, trains=False)
         if not valid:
             log(WARNING, "IFCA restarts: no valid reply; keeping the first candidate")
             return self._draw(model, seeds[0])
         table = np.array([
             m.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES] for m in valid
         ], dtype=float).reshape(len(valid), self.restarts, self.num_clusters)
-        best, best_score = 0, -1.0
-        for r in range(self.restarts):
-            counts = np.bincount(table[:, r].argmin(axis=1), minlength=self.num_clusters)
-            shares = counts[counts > 0] / counts.sum()
-            score = float(-(shares * np.log(shares)).sum())  # entropy: balanced is best
-            log(INFO, "IFCA restart %d: first-round cluster sizes %s", r, counts.tolist())
-            if score > best_score:
-                best, best_score = r, score
+        best, counts = most_balanced_restart(table)
+        for r, sizes in enumerate(counts):
+            log(INFO, "IFCA restart %d: first-round cluster sizes %s", r, sizes.tolist())
         return self._draw(model, seeds[best])
 
     def _draw(self, model: ArrayRecord, seed: int) -> ArrayRecord:
@@ -194,11 +187,8 @@ class IFCA(ClusteredStrategy):
 
     def federation_problem(self, num_nodes: int) -> str | None:
         """The k-means warm start needs a local model per cluster in round 1."""
-        if self.init != "local-kmeans" or self.num_clusters == 1:
-            return None
-        return kmeans_start_problem(
-            "IFCA", num_nodes, self.fraction_train, self.num_clusters, "set ifca-init='random'"
-        )
+        return kmeans_start_problem("IFCA", self.init, num_nodes, self.fraction_train,
+                                    self.num_clusters, "set ifca-init='random'")
 
     def _configure_warm_start(
         self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -206,10 +196,8 @@ class IFCA(ClusteredStrategy):
         """``init="local-kmeans"``: every sampled node trains the single initial model."""
         self._warm_start = True
         self._current = model
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        node_config = self.round_config(config, server_round)
         node_config[p.CFG_STEPS] = self.init_steps
-        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
         if len(nodes) < self.num_clusters:
             raise ValueError(
@@ -219,7 +207,7 @@ class IFCA(ClusteredStrategy):
             )
         log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model "
             "(asked for %d local steps)", len(nodes), self.init_steps)
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        return warm_start_messages(nodes, model, node_config)
 
     def _aggregate_warm_start(
         self, server_round: int, replies: Iterable[Message]
@@ -227,28 +215,14 @@ class IFCA(ClusteredStrategy):
         """Group the first local models by k-means; cluster j <- mean of group j."""
         self._warm_start = False
         model = self._current
-        valid = sorted(
-            self.check_replies(replies, model, "ifca warm start"),
-            key=lambda m: self.node_order(m.metadata.src_node_id),
-        )
-        if not valid:
-            # Nothing to group: the next round tries the warm start again (the
-            # base class stops the run after max_failed_rounds such rounds).
+        valid = self.check_replies(replies, model, "ifca warm start", trains=True)
+        if not enough_local_models("IFCA", server_round, valid, self.num_clusters,
+                                   "ifca-init='random'"):
             return None, None
-        if len(valid) < self.num_clusters:
-            # A round that lost most replies must not end the run: try again next round.
-            log(WARNING, "round %d: IFCA warm start: %d valid local models for %d clusters; "
-                "k-means needs one per cluster, so the warm start is repeated next round. If "
-                "this persists, sample more nodes (fraction-train), fix the failing nodes, or "
-                "use ifca-init='random'", server_round, len(valid), self.num_clusters)
-            return None, None
-        groups = group_by_kmeans(self._init_features(valid, model), self.num_clusters, self.seed)
-        heads = p.head_keys(model, self.head_layers) if self.head_layers else list(model)
-        body = [name for name in model if name not in heads]
-        members = [[m for m, g in zip(valid, groups, strict=True) if g == j]
-                   for j in range(self.num_clusters)]
+        start = group_local_models(valid, model, self.num_clusters, self.seed)
+        heads, body = self._split_keys(model)
         new_heads = [self._step(p.split_shared(model, heads)[1], group, heads, len(valid))
-                     if group else None for group in members]
+                     if group else None for group in start.members()]
         if any(head is None for head in new_heads):
             # Fewer distinct local models than clusters (e.g. identical updates): a
             # cluster without a group starts from a random draw, as in the paper's
@@ -261,39 +235,25 @@ class IFCA(ClusteredStrategy):
                          for j, head in enumerate(new_heads)]
         shared = self._step(p.split_shared(model, heads)[0], valid, body, len(valid)) if body \
             else None
-        self.init_groups = {
-            m.metadata.src_node_id: int(g) for m, g in zip(valid, groups, strict=True)
-        }
+        self.init_groups = start.node_groups()
         self.assignments.update(self.init_groups)
-        sizes = np.bincount(groups, minlength=self.num_clusters)
-        log(INFO, "round %d: IFCA warm start: %s; k-means groups of sizes %s", server_round,
-            describe_steps_done(valid, self.init_steps), sizes.tolist())
-        losses = [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for m in valid]  # type: ignore[arg-type]
-        metrics = MetricRecord(
+        start.log("IFCA", server_round, self.init_steps)
+        return p.pack_clusters(new_heads, shared=shared), self._metrics(valid, start.sizes())
+
+    def _split_keys(self, model: ArrayRecord) -> tuple[list[str], list[str]]:
+        """The keys of the clustered head and of the shared body (none without sharing)."""
+        heads = p.head_keys(model, self.head_layers) if self.head_layers else list(model)
+        return heads, [name for name in model if name not in heads]
+
+    def _metrics(self, valid: list[Message], sizes: list[int]) -> MetricRecord:
+        """A training round's metrics: mean train loss, cluster sizes, clusters in use."""
+        return MetricRecord(
             {
-                p.M_TRAIN_LOSS: float(np.mean(losses)),
-                "cluster-sizes": sizes.astype(int).tolist(),
-                "num-clusters": int((sizes > 0).sum()),
+                p.M_TRAIN_LOSS: float(np.mean(train_losses(valid))),
+                "cluster-sizes": [int(size) for size in sizes],
+                "num-clusters": sum(1 for size in sizes if size > 0),
             }
         )
-        return p.pack_clusters(new_heads, shared=shared), metrics
-
-    @staticmethod
-    def _init_features(valid: list[Message], model: ArrayRecord) -> np.ndarray:
-        """What k-means groups: the output layer's updates (the whole unit update without one).
-
-        From a random start the whole update is dominated by each client's label
-        frequencies (Dirichlet skew); the output layer's rows, less their mean,
-        carry which inputs go to which label (label permutations, rotations).
-        """
-        matrices = [name for name in model if model[name].numpy().ndim == 2]
-        if not matrices:
-            return unit_rows(ClusteredStrategy.updates(valid, model))
-        last = matrices[-1]
-        start = model[last].numpy().astype(np.float64)
-        return output_layer_profiles(np.stack(
-            [m.content.array_records[p.ARRAYS][last].numpy() - start for m in valid]
-        ))
 
     # ----------------------------------------------------------------- training
     def configure_train(
@@ -312,14 +272,13 @@ class IFCA(ClusteredStrategy):
                 f"num_clusters={self.num_clusters}"
             )
         self._current = arrays
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        node_config = self.round_config(config, server_round)
         if self.mode == "gradient":
             node_config[p.CFG_RETURN] = "gradient"
         record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
         log(INFO, "configure_train: %d nodes get %d cluster models", len(nodes), self.num_clusters)
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        return self.broadcast(nodes, record, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -328,23 +287,10 @@ class IFCA(ClusteredStrategy):
         if self._warm_start:
             return self._aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
-        valid = []
-        # A client offered a single model reports no cluster-id: it can only be 0.
-        missing = 0 if self.num_clusters == 1 else -1
-        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
-        for msg in self.check_replies(replies, models[0], "aggregate_train", fields):
-            cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, missing))  # type: ignore[arg-type]
-            if not 0 <= cluster < self.num_clusters:
-                self.rejected_replies += 1
-                log(WARNING, "aggregate_train: rejected reply from node %d: cluster-id %d "
-                    "outside [0, %d)", msg.metadata.src_node_id, cluster, self.num_clusters)
-                continue
-            self.assignments[msg.metadata.src_node_id] = cluster
-            valid.append((cluster, msg))
+        valid = self._chosen_clusters(replies, models[0])
         if not valid:
             return None, None
-        heads = p.head_keys(models[0], self.head_layers) if self.head_layers else list(models[0])
-        body = [name for name in models[0] if name not in heads]
+        heads, body = self._split_keys(models[0])
         members = [[msg for c, msg in valid if c == j] for j in range(self.num_clusters)]
         old_heads = [p.split_shared(model, heads)[1] for model in models]
         new_heads = [
@@ -357,19 +303,31 @@ class IFCA(ClusteredStrategy):
         if body:
             old_body, _ = p.split_shared(models[0], heads)
             shared = self._step(old_body, [msg for _, msg in valid], body, len(valid))
-        packed = p.pack_clusters(new_heads, shared=shared)
         sizes = np.bincount([c for c, _ in valid], minlength=self.num_clusters)
-        losses = [float(msg.content.metric_records[p.METRICS][p.M_TRAIN_LOSS]) for _, msg in valid]  # type: ignore[arg-type]
         log(INFO, "round %d: IFCA cluster sizes %s", server_round, sizes.tolist())
-        metrics = MetricRecord(
-            {
-                p.M_TRAIN_LOSS: float(np.mean(losses)),
-                "cluster-sizes": sizes.astype(int).tolist(),
-                "num-clusters": int((sizes > 0).sum()),
-                "reseeds": len(self.reseeds),
-            }
-        )
-        return packed, metrics
+        metrics = self._metrics([msg for _, msg in valid], sizes.tolist())
+        metrics["reseeds"] = len(self.reseeds)
+        return p.pack_clusters(new_heads, shared=shared), metrics
+
+    def _chosen_clusters(
+        self, replies: Iterable[Message], reference: ArrayRecord
+    ) -> list[tuple[int, Message]]:
+        """The valid replies with the cluster each node chose; records the choices."""
+        valid = []
+        # A client offered a single model reports no cluster-id: it can only be 0.
+        missing = 0 if self.num_clusters == 1 else -1
+        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
+        for msg in self.check_replies(replies, reference, "aggregate_train", fields,
+                                      trains=True):
+            cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, missing))  # type: ignore[arg-type]
+            if not 0 <= cluster < self.num_clusters:
+                self.rejected_replies += 1
+                log(WARNING, "aggregate_train: rejected reply from node %d: cluster-id %d "
+                    "outside [0, %d)", msg.metadata.src_node_id, cluster, self.num_clusters)
+                continue
+            self.assignments[msg.metadata.src_node_id] = cluster
+            valid.append((cluster, msg))
+        return valid
 
     def _reseed_idle(
         self,
@@ -424,7 +382,7 @@ class IFCA(ClusteredStrategy):
                 np.concatenate([m.content.array_records[p.ARRAYS][k].numpy().ravel() for k in keys])
                 for m in group
             ]).astype(np.float64)
-        return self.updates(group, p.numpy_to_record(keys, [start[k].numpy() for k in keys]))
+        return reply_updates(group, p.numpy_to_record(keys, [start[k].numpy() for k in keys]))
 
     def _step(
         self, old: ArrayRecord, members: list[Message], keys: list[str], num_replies: int
@@ -433,30 +391,12 @@ class IFCA(ClusteredStrategy):
 
         ``num_replies`` is the paper's m, the clients that answered this round.
         """
-        if self.aggregation == "weighted":
-            average = self.average_models(members, keys)
-            if self.mode == "model":
-                return average
-            factor = self.server_lr
-        else:
-            average = p.numpy_to_record(keys, [
-                np.mean([m.content.array_records[p.ARRAYS][k].numpy() for m in members], axis=0,
-                        dtype=np.float64)
-                for k in keys
-            ])
-            if self.mode == "model":
-                return p.numpy_to_record(
-                    keys, [average[k].numpy().astype(old[k].numpy().dtype) for k in keys]
-                )
-            # gamma / m * sum of the cluster's gradients = gamma * |S_j| / m * their mean.
-            factor = self.server_lr * len(members) / num_replies
-        return p.numpy_to_record(
-            keys,
-            [
-                (old[k].numpy() - factor * average[k].numpy()).astype(old[k].numpy().dtype)
-                for k in keys
-            ],
+        layers = cluster_update(
+            [old[k].numpy() for k in keys], reply_layers(members, keys),
+            [num_examples(m) for m in members], mode=self.mode, aggregation=self.aggregation,
+            server_lr=self.server_lr, num_replies=num_replies,
         )
+        return p.numpy_to_record(keys, layers)
 
     def summary_fields(self) -> dict[str, Any]:
         """Initialization and re-seeding: what the run's clusters started from."""

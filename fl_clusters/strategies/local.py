@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.params import FRACTION_TRAIN
 
 
 class LocalOnly(ClusteredStrategy):
@@ -24,52 +27,45 @@ class LocalOnly(ClusteredStrategy):
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
     """
 
-    def __init__(
-        self,
-        *,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
-        )
+    name = "local"
+    paper = "baseline: no sharing"
+    params = (FRACTION_TRAIN,)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._initial = ArrayRecord()
 
     def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Ask the sampled nodes to train their own kept model."""
         self._initial = arrays
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
-        node_config[p.CFG_PERSISTENT] = True
-        record = RecordDict({p.ARRAYS: arrays, p.CONFIG: node_config})
         nodes = self.sample(grid, self.fraction_train)
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.TRAIN)
+        return self._own_model_messages(server_round, arrays, config, nodes, MessageType.TRAIN)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Check the replies; there is nothing to aggregate."""
-        valid = self.check_replies(replies, self._initial, "aggregate_train")
+        valid = self.check_replies(replies, self._initial, "aggregate_train", trains=True)
         if not valid:
             return None, None
         return self._initial, MetricRecord({"num-trained": len(valid)})
 
     def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Evaluate each node's own model on its test split."""
-        node_config = ConfigRecord(dict(config))
-        node_config[p.CFG_ROUND] = server_round
+        nodes = self.sample(grid, self.fraction_evaluate)
+        return self._own_model_messages(server_round, arrays, config, nodes,
+                                        MessageType.EVALUATE)
+
+    def _own_model_messages(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, nodes: list[int],
+        message_type: str,
+    ) -> list[Message]:
+        """One message per node: use your own kept model (``arrays`` to start it)."""
+        node_config = self.round_config(config, server_round)
         node_config[p.CFG_PERSISTENT] = True
         record = RecordDict({p.ARRAYS: arrays, p.CONFIG: node_config})
-        nodes = self.sample(grid, self.fraction_evaluate)
-        return self.build_messages(dict.fromkeys(nodes, record), MessageType.EVALUATE)
+        return self.broadcast(nodes, record, message_type)

@@ -1,20 +1,31 @@
-"""Checks of the strategies' constructor arguments, in one place.
+"""A strategy's parameters, declared once: constraint, run-config key and help.
 
-Every constructor checks its arguments here, so a bad value gets one kind of
-message whatever the strategy: the argument's name, what it must be and what
-came (``num_clusters must be an int >= 1; got 2.5 (float)``). Python's own
-coercions are refused: ``True`` is not an int and ``'2'`` is not a number, since
-either usually means a value that was read or passed wrongly.
+A strategy class lists its constructor arguments as :class:`Param` declarations
+(``params``, see :class:`Declared`); the base class checks every argument against
+them in one call (:meth:`Declared.init_params`), fl-clusters' run config derives
+its keys from them, and docs/generate_strategies.py writes the documentation and
+pyproject.toml's keys from them. A bad value gets one kind of message whatever the strategy: the
+argument's name, what it must be and what came (``num_clusters must be an int
+>= 1; got 2.5 (float)``). Python's own coercions are refused: ``True`` is not an
+int and ``'2'`` is not a number, since either usually means a value that was
+read or passed wrongly.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 Kind = Literal["int", "float", "bool", "str"]
+# The default of an argument the caller must give (as in inspect.signature).
+REQUIRED = inspect.Parameter.empty
+# A declaration's paper value when its default is the published algorithm's.
+SAME = inspect.Parameter.empty
+PRESETS = ("robust", "paper")
 
 
 class ParamError(ValueError):
@@ -98,15 +109,10 @@ def check_param(
     if allow_none and value is None:
         return value
     if kind == "bool":
-        expected = "a bool (True or False)"
         valid = isinstance(value, bool)
     elif kind == "str":
-        allowed = ", ".join(repr(c) for c in choices or ())
-        expected = f"one of {allowed}"
         valid = isinstance(value, str) and value in (choices or ())
     else:
-        noun = "an int" if kind == "int" else "a number"
-        expected = noun + _bounds(low, high, above, below)
         number_type = Integral if kind == "int" else Real
         valid = (
             isinstance(value, number_type) and not isinstance(value, bool)
@@ -115,5 +121,269 @@ def check_param(
             and (above is None or value > above) and (below is None or value < below)
         )
     if not valid:
-        raise ParamError(name, expected + (" or None" if allow_none else ""), value)
+        raise ParamError(name, expected(kind, low=low, high=high, above=above, below=below,
+                                        choices=choices, allow_none=allow_none), value)
     return value
+
+
+def expected(kind: Kind, **constraint: Any) -> str:
+    """What an argument must be, in words (``an int >= 1``).
+
+    ``constraint`` holds :func:`check_param`'s keyword arguments.
+    """
+    if kind == "bool":
+        text = "a bool (True or False)"
+    elif kind == "str":
+        text = "one of " + ", ".join(repr(c) for c in constraint.get("choices") or ())
+    else:
+        bounds = [constraint.get(side) for side in ("low", "high", "above", "below")]
+        text = ("an int" if kind == "int" else "a number") + _bounds(*bounds)
+    return text + (" or None" if constraint.get("allow_none") else "")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor argument of a strategy, declared once.
+
+    Parameters
+    ----------
+    name : str
+        The argument's name, as the constructor spells it (and the attribute the
+        base class sets).
+    default : Any
+        Its default, the same as the constructor signature's (``REQUIRED``: none).
+    kind : {"int", "float", "bool", "str"}
+        What it must be (see :func:`check_param`).
+    help : str
+        One line for the run-config documentation and pyproject.toml.
+    low, high, above, below, choices, allow_none
+        The constraint, as :func:`check_param` takes it.
+    unset : bool | int | float | str | None
+        The run-config value that stands for ``None`` (run configs have no
+        ``None``); only with ``allow_none``.
+    key : str | None
+        Its run-config key; ``None``: the declaring strategy's name and the
+        argument's, e.g. ``ifca-init-steps`` for IFCA's ``init_steps``.
+    run_config : bool (default: True)
+        Whether a run config sets it (``False``: a constructor argument only).
+    paper : Any (default: SAME)
+        Its value in the algorithm as published, where the default departs from
+        it: ``preset="paper"`` takes it (:data:`SAME`: the default is the paper's).
+    why : str
+        Why the default departs from the paper, one sentence for
+        docs/paper-fidelity.md; required with ``paper``.
+    """
+
+    name: str
+    default: Any
+    kind: Kind
+    help: str
+    low: float | None = None
+    high: float | None = None
+    above: float | None = None
+    below: float | None = None
+    choices: tuple[str, ...] | None = None
+    allow_none: bool = False
+    unset: bool | int | float | str | None = None
+    key: str | None = None
+    run_config: bool = True
+    paper: Any = SAME
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.paper is SAME:
+            return
+        if not self.why:
+            raise ValueError(f"{self.name}: a default that departs from the paper "
+                             f"({self.default!r} against {self.paper!r}) needs its reason")
+        if self.paper == self.default:
+            raise ValueError(f"{self.name}: paper value {self.paper!r} is the default; "
+                             "declare no paper value")
+        self.check(self.paper)
+
+    def constraint(self) -> dict[str, Any]:
+        """The constraint as :func:`check_param`'s keyword arguments."""
+        names = ("low", "high", "above", "below", "choices", "allow_none")
+        return {name: getattr(self, name) for name in names}
+
+    def check(self, value: Any) -> Any:
+        """Return ``value`` when the argument may take it; raise :class:`ParamError` otherwise."""
+        return check_param(self.name, value, self.kind, **self.constraint())
+
+    def expected(self) -> str:
+        """What the argument must be, in words (``an int >= 1``)."""
+        return expected(self.kind, **self.constraint())
+
+    def with_prefix(self, prefix: str | None) -> Param:
+        """This declaration with its key derived from ``prefix`` (a strategy's name) if unset."""
+        if self.key is not None or not self.run_config:
+            return self
+        dashed = self.name.replace("_", "-")
+        return replace(self, key=f"{prefix}-{dashed}" if prefix else dashed)
+
+
+def check_params(
+    owner: str, params: Iterable[Param], given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Every declared argument's value: ``given``'s, checked, or the default.
+
+    Parameters
+    ----------
+    owner : str
+        The class being built, for the messages.
+    params : Iterable[Param]
+        Its declarations.
+    given : Mapping[str, Any]
+        The arguments the caller passed.
+
+    Raises
+    ------
+    TypeError
+        For an argument the class does not declare, or a required one not given
+        (Python's own messages for a call).
+    ParamError
+        For a value its declaration refuses.
+    """
+    declared = {param.name: param for param in params}
+    unexpected = sorted(set(given) - set(declared))
+    if unexpected:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {unexpected[0]!r}")
+    values = {}
+    for name, param in declared.items():
+        if name in given:
+            values[name] = param.check(given[name])
+        elif param.default is REQUIRED:
+            raise TypeError(f"{owner}() missing required argument: {name!r}")
+        else:
+            values[name] = param.default
+    return values
+
+
+def check_signature(cls: type, params: Iterable[Param]) -> None:
+    """Refuse declarations that ``cls.__init__``'s signature does not take with the same default.
+
+    The default is written twice (the signature, for Python and readers, and the
+    declaration, for the run config and the docs): a class that lets them differ
+    fails when it is defined, not in a run.
+    """
+    signature = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+    forwards = any(arg.kind is arg.VAR_KEYWORD for arg in signature.values())
+    for param in params:
+        argument = signature.get(param.name)
+        if argument is None and forwards:
+            continue  # passed on in **kwargs to the base, which checks it
+        if argument is None:
+            raise TypeError(f"{cls.__name__} declares {param.name!r}, which its __init__ lacks")
+        if argument.default != param.default or type(argument.default) is not type(param.default):
+            raise TypeError(
+                f"{cls.__name__}.__init__ gives {param.name!r} the default "
+                f"{argument.default!r}; its declaration says {param.default!r}"
+            )
+
+
+# Arguments that several strategies take, declared once. Keys that fl-clusters'
+# run config shares with its data and FedAvg (fraction-train, seed, min-nodes,
+# num-clusters) are named explicitly; the run config defines them.
+FRACTION_TRAIN = Param("fraction_train", 1.0, "float", "clients sampled a round",
+                       low=0.0, high=1.0, key="fraction-train")
+FRACTION_EVALUATE = Param("fraction_evaluate", 1.0, "float",
+                          "clients evaluated a round", low=0.0, high=1.0, run_config=False)
+MIN_AVAILABLE_NODES = Param(
+    "min_available_nodes", 2, "int", "the fewest connected nodes a round needs", low=1,
+    key="min-nodes",
+)
+MAX_FAILED_ROUNDS = Param(
+    "max_failed_rounds", 3, "int",
+    "stop the run after this many training rounds in a row without a valid reply", low=1,
+    key="max-failed-rounds",
+)
+SEED = Param("seed", 0, "int", "seed of data partition, init and sampling", low=0, key="seed")
+# AWCFL and MCFL (Li and Yan 2023) apply to every strategy that puts each node
+# in one cluster.
+INTER_CLUSTER = (
+    Param("awcfl_beta", 0.0, "float", "AWCFL inter-cluster mixing", low=0.0, high=1.0,
+          key="awcfl-beta"),
+    Param("mcfl", False, "bool", "MCFL: clients pick a cluster model by feature mean",
+          key="mcfl"),
+    Param("mcfl_feature_samples", 32, "int", "MCFL inputs averaged per client", low=1,
+          key="mcfl-feature-samples"),
+)
+
+
+def num_clusters_param(default: Any, low: int = 1) -> Param:
+    """The ``num_clusters`` argument (run-config key ``num-clusters``) with its default."""
+    return Param("num_clusters", default, "int",
+                 "k cluster models (IFCA, FedSoft, WeCFL); FedEM's M components", low=low,
+                 key="num-clusters")
+
+
+class Declared:
+    """A class whose constructor arguments are declared (``params``), registered by ``name``.
+
+    A subclass's own ``params`` get their run-config keys (prefixed by its
+    ``name``) and are checked against its ``__init__`` signature when the class
+    is defined; a subclass with a ``name`` of its own enters ``registry``.
+    """
+
+    # The run config's `strategy` value that builds it (None: not buildable so).
+    name: ClassVar[str | None] = None
+    # Where the algorithm comes from, for docs/strategies.md.
+    paper: ClassVar[str] = ""
+    # Its own arguments; a subclass takes its bases' too (declared_params).
+    params: ClassVar[tuple[Param, ...]] = ()
+    # Every class with a name, by name (a subclass hierarchy may keep its own).
+    registry: ClassVar[dict[str, type]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_name = vars(cls).get("name")
+        if "params" in vars(cls):
+            check_signature(cls, cls.params)
+            cls.params = tuple(param.with_prefix(own_name) for param in cls.params)
+        if own_name:
+            taken = cls.registry.get(own_name)
+            if taken is not None and taken.__qualname__ != cls.__qualname__:
+                raise ValueError(f"strategy name {own_name!r} is taken by {taken.__qualname__}")
+            cls.registry[own_name] = cls
+
+    @classmethod
+    def declared_params(cls) -> tuple[Param, ...]:
+        """Every argument the class takes: its own declarations first, then its bases'."""
+        found: dict[str, Param] = {}
+        for klass in cls.__mro__:
+            for param in vars(klass).get("params", ()):
+                found.setdefault(param.name, param)
+        return tuple(found.values())
+
+    def init_params(self, given: Mapping[str, Any], defaults: Iterable[Param] = ()) -> None:
+        """In ``__init__``: check ``given`` against the declarations, set every declared argument.
+
+        ``defaults``: undeclared arguments to set to their default too (attributes
+        the base class's methods read in every subclass).
+        """
+        values = {param.name: param.default for param in defaults}
+        values |= check_params(type(self).__name__, self.declared_params(), given)
+        self.preset_changes = (
+            paper_values(self.declared_params(), values) if values.get("preset") == "paper"
+            else {}
+        )
+        values |= self.preset_changes
+        for argument, value in values.items():
+            setattr(self, argument, value)
+
+
+def paper_values(params: Iterable[Param], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The paper's value of every argument in ``values`` still at a default that departs.
+
+    ``preset="paper"`` applies it: an argument set to anything other than its
+    default is the caller's choice and is kept.
+    """
+    return {param.name: param.paper for param in params
+            if param.paper is not SAME and values.get(param.name) == param.default}
+
+
+PRESET = Param(
+    "preset", "robust", "str",
+    "'robust' defaults, or 'paper': the algorithm as published (docs/paper-fidelity.md)",
+    choices=PRESETS, key="preset",
+)

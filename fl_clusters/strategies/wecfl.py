@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
-from fl_clusters import protocol as p
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
-from fl_clusters.strategies.base import HardClusteredStrategy
-from fl_clusters.strategies.params import check_param
+from fl_clusters.strategies.hard import HardClusteredStrategy
+from fl_clusters.strategies.params import REQUIRED, Param, num_clusters_param
+from fl_clusters.strategies.replies import num_examples, reply_layers
 
 
 class WeCFL(HardClusteredStrategy):
@@ -49,65 +47,32 @@ class WeCFL(HardClusteredStrategy):
         k, the number of cluster models, >= 1.
     n_init : int (default: 10)
         k-means++ starts of the first clustering, >= 1.
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta, mcfl, mcfl_feature_samples
-        AWCFL and MCFL options; see
-        :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    **kwargs
+        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
     """
 
-    def __init__(
-        self,
-        num_clusters: int,
-        *,
-        n_init: int = 10,
-        fraction_train: float = 1.0,
-        fraction_evaluate: float = 1.0,
-        min_available_nodes: int = 2,
-        awcfl_beta: float = 0.0,
-        mcfl: bool = False,
-        mcfl_feature_samples: int = 32,
-        max_failed_rounds: int = 3,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(
-            fraction_train=fraction_train,
-            fraction_evaluate=fraction_evaluate,
-            min_available_nodes=min_available_nodes,
-            awcfl_beta=awcfl_beta,
-            mcfl=mcfl,
-            mcfl_feature_samples=mcfl_feature_samples,
-            max_failed_rounds=max_failed_rounds,
-            seed=seed,
-        )
-        check_param("num_clusters", num_clusters, "int", low=1)
-        check_param("n_init", n_init, "int", low=1)
-        self.num_clusters = num_clusters
-        self.n_init = n_init
+    name = "wecfl"
+    paper = "Ma, Long, Zhou, Jiang, Zhang, 2022"
+    params = (
+        num_clusters_param(REQUIRED),
+        Param("n_init", 10, "int", "WeCFL: k-means++ starts of the first k-means", low=1),
+    )
+
+    def __init__(self, num_clusters: int, *, n_init: int = 10, **kwargs: Any) -> None:
+        super().__init__(num_clusters=num_clusters, n_init=n_init, **kwargs)
         self.clustering_round: int | None = None
         self.reassigned: list[int] = []
         # Each node's last reported data size: an unsampled node's weight in k-means.
         self._sizes: dict[int, int] = {}
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Send every sampled node its cluster's model (the initial one in round 1)."""
-        return self.assigned_train_messages(server_round, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
+    def aggregate_members(
+        self, server_round: int, members: dict[int, list[Message]]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Weighted k-means over the trained models, then weighted means per cluster."""
-        members = self.replies_by_cluster(replies)
-        if not members:
-            return None, None
         trained = [m for cluster in sorted(members) for m in members[cluster]]
         names = list(self._models[0].keys())
-        points = flatten_models(
-            [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in trained]
-        )
-        weights = np.array([self.num_examples(m) for m in trained])
+        points = flatten_models(reply_layers(trained, names))
+        weights = np.array([num_examples(m) for m in trained])
         for msg, size in zip(trained, weights, strict=True):
             self._sizes[msg.metadata.src_node_id] = int(size)
         if self.clustering_round is None:

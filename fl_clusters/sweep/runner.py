@@ -36,7 +36,7 @@ MANIFEST_FILE = "manifest.json"
 SWEEP_COPY = "sweep.toml"
 RUNS_FOLDER = "runs"
 LOGS_FOLDER = "logs"
-# The summary.json fields each run's line keeps (docs/results-fields.md).
+# The summary.json fields each run's line keeps (docs/results.md, "What a run writes").
 SUMMARY_FIELDS = (
     "ari", "nmi", "personalized_accuracy", "num_clusters_found", "rounds_to_target",
     "bytes_sent", "bytes_received", "wall_time_s",

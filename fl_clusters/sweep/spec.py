@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_clusters.config import KEYS_BY_NAME, parse_run_config
+from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.errors import ConfigurationError
 
 TOP_LEVEL_KEYS = (
@@ -155,9 +155,9 @@ def _check_run_config_keys(where: str, keys: Any) -> None:
                 f"{where}: run-config key {key!r} is set by the sweep (every run writes "
                 "under results/sweeps/NAME/runs/); remove it"
             )
-        if key not in KEYS_BY_NAME:
+        if key not in config_keys():
             raise SweepFileError(
-                f"{where}: unknown run-config key {key!r}{_suggest(key, KEYS_BY_NAME)}; "
+                f"{where}: unknown run-config key {key!r}{_suggest(key, config_keys())}; "
                 "every key is listed in docs/config.md"
             )
 

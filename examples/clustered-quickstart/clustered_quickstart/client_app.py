@@ -17,7 +17,8 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 
 from clustered_quickstart.task import build_model, group_of, load_partition, settings
-from fl_clusters.client_app import node_partition, register_handlers
+from fl_clusters.client.node_data import node_partition
+from fl_clusters.client_app import register_handlers
 from fl_clusters.learner import TorchLearner
 
 

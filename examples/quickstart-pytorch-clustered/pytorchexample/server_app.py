@@ -1,7 +1,7 @@
 """pytorchexample: the quickstart's ServerApp with a clustered strategy in FedAvg's place.
 
 Run-config key ``strategy`` names any strategy of
-``fl_clusters.strategies.registry.BUILDERS`` (``fedavg``, ``ifca``, ``cfl``...);
+``fl_clusters.strategies.registry.strategy_names()`` (``fedavg``, ``ifca``, ``cfl``...);
 fl-clusters run-config keys the app does not use itself (``num-clusters``,
 ``cfl-eps1``...) go to the strategy. In your own app, the strategy line is all
 that changes: ``strategy = IFCA(num_clusters=2, fraction_evaluate=...)``.
@@ -23,7 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result, Strategy
 from sklearn.metrics import adjusted_rand_score
 
-from fl_clusters.config import KEYS, parse_run_config
+from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.strategies.registry import build_strategy
 from fl_clusters.strategies.results import cluster_models
 from pytorchexample.task import Net, load_centralized_dataset, run_config, test
@@ -35,10 +35,10 @@ APP_KEYS = {"num-server-rounds", "fraction-evaluate", "local-epochs", "learning-
 
 def make_strategy(cfg: Mapping[str, Any]) -> Strategy:
     """The strategy run-config key ``strategy`` names, with its fl-clusters keys."""
-    names = {key.name for key in KEYS} - APP_KEYS
+    names = set(config_keys()) - APP_KEYS
     strategy_keys = {k: v for k, v in cfg.items() if k in names}
     settings = parse_run_config({"strategy": cfg["strategy"], **strategy_keys})
-    strategy = build_strategy({**settings, "min-available-nodes": 2})
+    strategy = build_strategy(settings)
     strategy.fraction_evaluate = cfg["fraction-evaluate"]  # type: ignore[attr-defined]
     return strategy
 
@@ -109,6 +109,8 @@ def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
         """Main entry point for the ServerApp."""
         cfg = run_config(context, overrides)
         strategy = make_strategy(cfg)
+        # One initial model for every run of the app: the same config, the same run.
+        torch.manual_seed(0)
         result = strategy.start(
             grid=grid,
             initial_arrays=ArrayRecord(Net().state_dict()),

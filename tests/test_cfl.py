@@ -1,32 +1,37 @@
-"""CFL and ACFL end to end through real Flower simulations on 4-rotation digits.
+"""CFL: split rules through the strategy's glue (no Ray), then real Flower simulations.
 
 Every rotation group holds its own rotated copy of the digits (``copy-per-group``, as
 IFCA's rotated MNIST does with MNIST): 20 clients of ~250 train samples each, where
-sharing one copy leaves ~63. ACFL's incentive test needs that much: with ~9 validation
-samples per client its accuracy differences are noise (see the ACFL class notes).
+sharing one copy leaves ~63.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
+from fl_clusters.clustering import (
+    decide_cfl_split,
+)
 from fl_clusters.config import parse_run_config
-from fl_clusters.data import FASHION_MNIST_ROOT
 from fl_clusters.strategies import ACFL, CFL
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import START, NodesOnly, SilentNodes
+from tests.conftest import train_reply as _reply
+from tests.conftest import two_layer_model as _model
 
 ROTATION = {
     "cluster-structure": "rotation", "num-clusters": 4, "num-rounds": 10, "copy-per-group": True
 }
+
+
 ONE_DISTRIBUTION = {"cluster-structure": "none", "num-rounds": 15}
+
+
 NUM_CLIENTS = 20
 
 
@@ -69,53 +74,10 @@ def test_cfl_and_acfl_recover_rotations_and_beat_fedavg(federation) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not Path(FASHION_MNIST_ROOT).is_dir(),
-    reason=f"{FASHION_MNIST_ROOT} absent: apt-get install -y dataset-fashion-mnist",
-)
-def test_acfl_recovers_rotations_with_the_papers_data_per_client(federation) -> None:
-    """The paper's regime: 4-rotation Fashion-MNIST, 20 clients of ~2,800 train samples.
-
-    Local-only models are good here, so a right candidate's incentive stays near 0 and
-    a wrong one costs the group 0.26 to 0.49 validation accuracy: the paper's sum with
-    beta = -0.17 separates them. Measured: ARI 0.86 (one wrong candidate accepted at
-    -0.11) through Flower; 1.0, 1.0, 1.0, 1.0, 0.86, 0.86 in an in-process replica.
-    """
-    acfl = federation(
-        {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "rotation",
-         "num-clusters": 4, "num-rounds": 4, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
-    )
-    assert acfl["num_clusters_found"] == 4, acfl
-    assert acfl["ari"] >= 0.8, acfl  # at most one client misplaced
-    assert acfl["trial_evaluations"] < NUM_CLIENTS * 4, acfl
-
-
-@pytest.mark.slow
 def test_cfl_keeps_one_distribution_in_one_cluster(federation) -> None:
     cfl = federation({**ONE_DISTRIBUTION, "strategy": "cfl"})
     assert cfl["num_clusters_found"] == 1, cfl
     assert cfl["split_rounds"] == []
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not Path(FASHION_MNIST_ROOT).is_dir(),
-    reason=f"{FASHION_MNIST_ROOT} absent: apt-get install -y dataset-fashion-mnist",
-)
-def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
-    """IID Fashion-MNIST, ~2,400 train and ~300 validation samples per client.
-
-    Not on shared digits: there a group of 2-4 IID clients gains ~0 from federating
-    and ~9 validation samples move its incentive in steps of 0.11, so an early trial
-    fell below beta = -0.17 once in CI and split off a second cluster. Here the
-    incentive grows from +0.09 (group of 2) to +1.26 (all 20), measured.
-    """
-    acfl = federation(
-        {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "none",
-         "num-rounds": 7, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
-    )
-    assert acfl["num_clusters_found"] == 1, acfl
-    assert acfl["trial_evaluations"] == NUM_CLIENTS - 1  # every candidate accepted once
 
 
 def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
@@ -123,12 +85,12 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
         {"strategy": "cfl", "cfl-eps1": 0.3, "cfl-eps2": 0.7, "cfl-split-threshold": 0.2,
          "cfl-min-silhouette": -1.0}
     )
-    cfl = build_strategy({**settings, "min-available-nodes": 4})
+    cfl = build_strategy({**settings, "min-nodes": 4})
     assert isinstance(cfl, CFL)
     assert (cfl.eps1, cfl.eps2, cfl.split_threshold, cfl.min_silhouette) == (0.3, 0.7, 0.2, -1.0)
     settings = parse_run_config({"strategy": "acfl", "acfl-beta": -0.5, "acfl-max-rejections": 2,
                                  "acfl-incentive-threshold": "noise", "acfl-noise-z": 2.0})
-    acfl = build_strategy({**settings, "min-available-nodes": 4})
+    acfl = build_strategy({**settings, "min-nodes": 4})
     assert isinstance(acfl, ACFL)
     assert (acfl.beta, acfl.max_rejections) == (-0.5, 2)
     assert (acfl.incentive_threshold, acfl.noise_z) == ("noise", 2.0)
@@ -162,28 +124,6 @@ def test_bad_parameters_are_named(make, message: str) -> None:
 
 
 # ------------------------------------------------------------- CFL glue, no Ray
-@pytest.fixture
-def server_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The run identity Flower gives a ServerApp process; Message() needs it."""
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1)
-
-
-class NodesOnly:
-    """Just enough of a Grid for configure_train: a fixed list of nodes."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        self.nodes = nodes
-
-    def get_node_ids(self) -> list[int]:
-        return self.nodes
-
-
-START = p.numpy_to_record(
-    ["layer.weight", "layer.bias"], [np.zeros((3, 4), np.float32), np.zeros(3, np.float32)]
-)
-
-
 def _cfl_round(
     cfl: CFL, server_round: int, arrays: ArrayRecord, grid: NodesOnly, update: dict[int, float]
 ) -> tuple[list[Message], ArrayRecord]:
@@ -249,18 +189,6 @@ def test_cfl_keeps_one_cluster_for_aligned_updates(server_identity) -> None:
     assert cfl.summary_fields()["num_clusters_found"] == 1
 
 
-class SilentNodes(NodesOnly):
-    """NodesOnly whose nodes never answer a strategy-internal message."""
-
-    def __init__(self, nodes: list[int]) -> None:
-        super().__init__(nodes)
-        self.placements: list[int] = []
-
-    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
-        self.placements += [m.metadata.dst_node_id for m in messages]
-        return []
-
-
 def test_cfl_releases_a_member_that_missed_its_clusters_split(server_identity) -> None:
     nodes = list(range(1, 9))
     grid = NodesOnly(nodes)
@@ -279,3 +207,41 @@ def test_cfl_releases_a_member_that_missed_its_clusters_split(server_identity) -
     by_node = {r.metadata.dst_node_id: r.content for r in requests}
     assert p.CLUSTERS in by_node[8].array_records
     assert p.ARRAYS in by_node[1].array_records
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_cfl_never_splits_a_cluster_of_two() -> None:
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=50)
+    two = np.stack([direction, -direction])
+    decision = decide_cfl_split(two, eps1=10.0, eps2=0.0, gamma_max=0.5)
+    assert not decision.split  # the pair is opposed (cross similarity -1), still no split
+    three = np.stack([direction, -direction, -direction + 0.01 * rng.normal(size=50)])
+    assert decide_cfl_split(three, eps1=10.0, eps2=0.0, gamma_max=0.5).split
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_cfl_relative_gate_splits_where_absolute_norms_never_qualify() -> None:
+    """Updates 100x smaller than the digits MLP's (a user's model): eps2 0.45 never fires.
+
+    Round 1 (aligned updates of norm ~0.004) sets the reference; in round 2 the
+    members pull apart (norm ~0.006 > 0.6 x 0.004) while their mean cancels.
+    """
+    nodes = list(range(1, 9))
+    for gate, expected in (("absolute", []), ("relative", [2])):
+        cfl = CFL(gate=gate, warmup_rounds=0, min_available_nodes=8)
+        packed = p.pack_clusters([_model(0.0, 0.0)])
+        for server_round, opposed in ((1, False), (2, True)):
+            requests = list(cfl.configure_train(server_round, packed, ConfigRecord(),
+                                                NodesOnly(nodes)))  # type: ignore[arg-type]
+            replies = []
+            for r in requests:
+                node = r.metadata.dst_node_id
+                sign = -1.0 if opposed and node > 4 else 1.0
+                noise = np.random.default_rng(node).normal(scale=0.0005, size=4)
+                size = 0.006 if opposed else 0.004
+                head = size * sign * np.array([1.0, 0.0, 0.0, 0.0]) + noise
+                replies.append(_reply(r, _model(0.0, head), 10, None))
+            packed, _ = cfl.aggregate_train(server_round, replies)
+            assert packed is not None
+        assert cfl.split_rounds == expected, gate

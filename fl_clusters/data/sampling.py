@@ -1,0 +1,159 @@
+"""Which samples each client gets: the split of the data set and its held-out shares.
+
+Every draw takes its own stream of randomness (:func:`stream_rng`), mixed from the seed
+and a stream id, so that each is reproducible on its own, whatever else is drawn
+before it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_clusters.data.spec import MIN_CLIENT_SAMPLES
+
+# Distinct streams of randomness, mixed with the seed (and client id).
+(
+    STREAM_SHUFFLE,
+    STREAM_TEST,
+    STREAM_MIXTURE,
+    STREAM_PERMUTATION,
+    STREAM_NOISE,
+    STREAM_ROLES,
+    STREAM_COPY,
+) = range(7)
+
+# A sample's role when held-out splits are decided once for the whole data set.
+ROLE_TEST, ROLE_VALIDATION, ROLE_TRAIN = range(3)
+
+
+def stream_rng(seed: int, *stream: int) -> np.random.Generator:
+    """The generator of one stream of randomness (see the stream ids above)."""
+    return np.random.default_rng([seed, *stream])
+
+
+def split_samples(
+    labels: np.ndarray, num_clients: int, dirichlet_alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Sample indices of each client, IID or Dirichlet label skew (flwr-datasets)."""
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+
+    partitioner: Partitioner
+    if dirichlet_alpha == 0.0:
+        # IidPartitioner cuts contiguous shards, so shuffle the rows first.
+        order = stream_rng(seed, STREAM_SHUFFLE).permutation(len(labels))
+        partitioner = IidPartitioner(num_partitions=num_clients)
+    else:
+        order = np.arange(len(labels))
+        partitioner = DirichletPartitioner(
+            num_partitions=num_clients,
+            partition_by="label",
+            alpha=dirichlet_alpha,
+            min_partition_size=MIN_CLIENT_SAMPLES,
+            self_balancing=False,
+            seed=seed,
+        )
+    partitioner.dataset = hf_datasets.Dataset.from_dict(
+        {"label": labels[order], "idx": order}
+    )
+    try:
+        return [
+            # Slicing the column reads it in one go; converting the lazy column
+            # object itself would format it row by row.
+            np.asarray(
+                partitioner.load_partition(client).with_format("numpy")["idx"][:], dtype=np.int64
+            )
+            for client in range(num_clients)
+        ]
+    except ValueError as err:
+        raise ValueError(
+            f"dirichlet_alpha={dirichlet_alpha} with num_clients={num_clients} left a "
+            f"client with fewer than {MIN_CLIENT_SAMPLES} samples in every try ({err}); "
+            f"raise dirichlet_alpha or lower num_clients"
+        ) from err
+
+
+def split_group_copies(
+    labels: np.ndarray, groups: list[int], num_groups: int, dirichlet_alpha: float, seed: int
+) -> list[np.ndarray]:
+    """Each group's copy of the whole data set, split over that group's clients."""
+    indices: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(groups)
+    for group in range(num_groups):
+        members = [client for client, g in enumerate(groups) if g == group]
+        # A distinct seed per group: the groups' copies are split differently.
+        group_seed = seed * num_groups + group
+        for client, share in zip(
+            members, split_samples(labels, len(members), dirichlet_alpha, group_seed), strict=True
+        ):
+            indices[client] = share
+    return indices
+
+
+def split_source_copies(
+    num_samples: int, proportions: np.ndarray, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Divide every source's copy of the data set among clients by their share of it.
+
+    Client ``k`` gets ``proportions[k, s] / proportions[:, s].sum()`` of source ``s``'s
+    shuffled copy, so its sample count is about ``num_groups * num_samples /
+    num_clients`` and its mixture follows its proportions.
+    """
+    num_clients, num_sources = proportions.shape
+    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for source in range(num_sources):
+        order = stream_rng(seed, STREAM_COPY, source).permutation(num_samples)
+        shares = proportions[:, source] / proportions[:, source].sum()
+        bounds = np.round(np.concatenate([[0.0], np.cumsum(shares)]) * num_samples).astype(int)
+        for client in range(num_clients):
+            pieces[client].append(order[bounds[client] : bounds[client + 1]])
+    indices = [np.concatenate(p) for p in pieces]
+    sources = [
+        np.concatenate([np.full(len(part), s) for s, part in enumerate(p)]) for p in pieces
+    ]
+    return indices, sources
+
+
+def sample_roles(
+    num_samples: int, test_fraction: float, validation_fraction: float, seed: int
+) -> np.ndarray:
+    """One role (test, validation or train) per sample of the data set, seeded."""
+    order = stream_rng(seed, STREAM_ROLES).permutation(num_samples)
+    num_test = round(test_fraction * num_samples)
+    num_val = round(validation_fraction * num_samples)
+    roles = np.full(num_samples, ROLE_TRAIN, dtype=np.int64)
+    roles[order[:num_test]] = ROLE_TEST
+    roles[order[num_test : num_test + num_val]] = ROLE_VALIDATION
+    return roles
+
+
+def held_out_positions(
+    client: int,
+    indices: np.ndarray,
+    roles: np.ndarray | None,
+    test_fraction: float,
+    validation_fraction: float,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions in ``indices`` of the client's test, validation and train samples.
+
+    Without ``roles`` the client draws its own held-out shares; with them (one role
+    per sample of the data set, see :func:`sample_roles`) a sample keeps its role.
+    """
+    order = stream_rng(seed, STREAM_TEST, client).permutation(len(indices))
+    if roles is not None:
+        by_role = [order[roles[indices[order]] == role] for role in range(3)]
+        needed = (True, validation_fraction > 0, True)
+        for role, name in enumerate(("test", "validation", "train")):
+            if needed[role] and len(by_role[role]) == 0:
+                raise ValueError(
+                    f"client {client} got no {name} sample out of its {len(indices)}; use "
+                    f"fewer clients or a larger test_fraction/validation_fraction"
+                )
+        return by_role[ROLE_TEST], by_role[ROLE_VALIDATION], by_role[ROLE_TRAIN]
+    # At least one test and one train sample, whatever the rounding.
+    num_test = min(max(round(test_fraction * len(indices)), 1), len(indices) - 1)
+    num_val = min(round(validation_fraction * len(indices)), len(indices) - num_test - 1)
+    if validation_fraction > 0:
+        num_val = max(num_val, 1)
+    held_out = num_test + num_val
+    return order[:num_test], order[num_test:held_out], order[held_out:]

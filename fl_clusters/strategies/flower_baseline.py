@@ -1,0 +1,160 @@
+"""Flower's FedAvg or FedProx, unchanged, behind the ServerApp's strategy interface.
+
+Flower's strategies draw nodes with Python's ``random`` among the nodes the grid
+lists, and sum replies in the order they are given. Simulated node ids are random
+per run, so this wrapper lists nodes and hands over replies in stable-key order
+and seeds ``random``: the same seed then repeats the run, and the round logic
+stays Flower's own.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+
+from fl_clusters.handshake import NodeIdentities, NodeRegistry
+from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
+
+
+class KeyOrderedNodes:
+    """A grid as Flower's sampling sees it: the connected nodes in stable-key order.
+
+    Flower's FedAvg reads only ``get_node_ids`` from the grid it is given; the
+    messages it returns are sent by the round loop through the real grid.
+    """
+
+    def __init__(self, grid: Grid, nodes: NodeRegistry) -> None:
+        self.grid = grid
+        self.nodes = nodes
+
+    def get_node_ids(self) -> list[int]:
+        """The wrapped grid's nodes, in key order."""
+        return self.nodes.in_order(self.grid.get_node_ids())
+
+
+class FlowerBaseline(ServerStrategy):
+    """Flower's ``FedAvg`` (or a subclass: ``FedProx``) for fl-clusters' ServerApp.
+
+    Parameters
+    ----------
+    flower : FedAvg
+        The Flower strategy whose round logic runs.
+    seed : int
+        Seed of Python's ``random``, which Flower's sampling draws from.
+    """
+
+    def __init__(self, flower: FedAvg, seed: int) -> None:
+        self.flower = flower
+        self.seed = seed
+        self.nodes = NodeRegistry()
+        # Flower's strategies reject no reply of their own.
+        self.rejected_replies = 0
+        # Python's random at the last checkpoint (see __getstate__), None in a fresh run.
+        # A generator of its own, not its state's tuple of ints: a resume remaps every
+        # int that equals an old node id in the strategy's attributes.
+        self.python_random: random.Random | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """Flower's settings (``fraction_evaluate``, ``proximal_mu``...) read through."""
+        if name == "flower":  # not set yet (unpickling): no strategy to read from
+            raise AttributeError(name)
+        return getattr(self.flower, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Flower's settings are set on Flower's strategy, as an app would set them."""
+        if "flower" in self.__dict__ and name not in self.__dict__ and hasattr(self.flower, name):
+            setattr(self.flower, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The state a checkpoint keeps, with Python's random: Flower samples with it."""
+        kept = random.Random()
+        kept.setstate(random.getstate())
+        return {**self.__dict__, "python_random": kept}
+
+    def adopt_identities(self, identities: NodeIdentities) -> None:
+        """Keep the handshake's keys; its malformed replies are not Flower's rejections."""
+        self.nodes.adopt(identities)
+
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """Flower's strategies run on any number of nodes."""
+        return None
+
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Seed Python's random, or give it back its state at the resumed checkpoint."""
+        if self.python_random is None:
+            random.seed(self.seed)
+        else:
+            random.setstate(self.python_random.getstate())
+
+    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:  # type: ignore[override]
+        """Flower's round loop, after :meth:`prepare` (for an app's own ServerApp)."""
+        self.prepare(grid, float(kwargs.get("timeout", 3600.0)))
+        return super().start(grid, *args, **kwargs)
+
+    def summary(self) -> None:
+        """Log the Flower strategy's summary."""
+        self.flower.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's, sampling among the nodes in key order."""
+        return self.flower.configure_train(server_round, arrays, config, self._ordered(grid))
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's, on the replies in key order."""
+        return self.flower.aggregate_train(server_round, self.nodes.replies_in_order(replies))
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's, sampling among the nodes in key order."""
+        return self.flower.configure_evaluate(server_round, arrays, config, self._ordered(grid))
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        """Flower's, on the replies in key order."""
+        return self.flower.aggregate_evaluate(server_round, self.nodes.replies_in_order(replies))
+
+    def _ordered(self, grid: Grid) -> Grid:
+        return KeyOrderedNodes(grid, self.nodes)  # type: ignore[return-value]
+
+    def assignment_for(self, node_id: int) -> int | None:
+        """No server-side cluster: with one model the node's choice is that model."""
+        return None
+
+    def round_clusters(self, server_round: int) -> tuple[dict[int, int] | None, int]:
+        """One model, no recorded use."""
+        return None, 1
+
+    def round_history(self) -> RoundHistory | None:
+        """Flower's strategies keep no clusters."""
+        return None
+
+    def summary_fields(self) -> dict[str, Any]:
+        """No strategy-specific entries."""
+        return {}
+
+    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
+        """No MCFL."""
+        return None
+
+    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
+        """No client similarity."""
+        return None
+
+    def write_artifacts(self, folder: Path) -> list[Path]:
+        """No strategy-specific files."""
+        return []

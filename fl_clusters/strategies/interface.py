@@ -1,0 +1,124 @@
+"""What fl-clusters' ServerApp asks of a strategy, beyond Flower's ``Strategy``.
+
+Every strategy the run config names implements it: the clustered strategies
+through :class:`~fl_clusters.strategies.base.ClusteredStrategy`, Flower's FedAvg
+and FedProx through :class:`~fl_clusters.strategies.flower_baseline.FlowerBaseline`.
+The ServerApp, the checkpoints and the results use nothing else, so none of
+them needs to know which kind of strategy runs.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fl_clusters.handshake import NodeIdentities, NodeRegistry
+
+# Round -> node id -> the cluster it used; round -> cluster -> its users' accuracy.
+RoundHistory = tuple[dict[int, dict[int, int]], dict[int, dict[int, float]]]
+
+
+class ServerStrategy(Strategy):
+    """A Flower strategy that fl-clusters' ServerApp can run, checkpoint and report on.
+
+    Attributes
+    ----------
+    nodes : NodeRegistry
+        The nodes the strategy knows by stable key; it orders and samples them.
+    rejected_replies : int
+        Replies the strategy could not use (errors, malformed), for the summary.
+    mixture : bool
+        Whether a node scores a mixture of the cluster models at the final report
+        (FedEM) besides the model it uses.
+    """
+
+    nodes: NodeRegistry
+    rejected_replies: int
+    mixture: bool = False
+
+    @abstractmethod
+    def adopt_identities(self, identities: NodeIdentities) -> None:
+        """Take what the ServerApp's start-up handshake found, before round 1."""
+
+    @abstractmethod
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """Why the strategy cannot run on ``num_nodes`` connected nodes, or ``None``.
+
+        Asked before round 1, so that such a run stops with the fix instead of
+        failing inside a round.
+        """
+
+    @abstractmethod
+    def prepare(self, grid: Grid, timeout: float) -> None:
+        """Get ready for the first round this process runs (a fresh or resumed run).
+
+        Parameters
+        ----------
+        grid : Grid
+            The grid of the run.
+        timeout : float
+            Seconds every send waits for replies (the rounds' timeout).
+        """
+
+    @abstractmethod
+    def assignment_for(self, node_id: int) -> int | None:
+        """Cluster of ``node_id`` decided by the server, or ``None`` if the node decides."""
+
+    @abstractmethod
+    def round_clusters(self, server_round: int) -> tuple[dict[int, int] | None, int]:
+        """The clusters of ``server_round``, for its progress line.
+
+        Returns
+        -------
+        tuple[dict[int, int] | None, int]
+            Node id -> the cluster it used at the round's evaluation (``None``: not
+            recorded), and how many clusters are in use.
+        """
+
+    @abstractmethod
+    def round_history(self) -> RoundHistory | None:
+        """Per evaluated round, each node's cluster and each cluster's accuracy.
+
+        ``None`` for a strategy that keeps no clusters.
+        """
+
+    def preset_fields(self) -> dict[str, Any]:
+        """The preset the strategy ran (``preset``) and what it set (``preset_changes``).
+
+        Empty for a strategy without presets (Flower's own).
+        """
+        return {}
+
+    @abstractmethod
+    def summary_fields(self) -> dict[str, Any]:
+        """Strategy-specific entries for the run's ``summary.json`` (JSON-serializable).
+
+        What the algorithm decided (split rounds, trial counts, DBSCAN's eps...).
+        Ground truth is never available here: scores against it are computed by
+        :mod:`fl_clusters.results` from these fields.
+        """
+
+    @abstractmethod
+    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
+        """MCFL's (k, D) cluster features, or ``None`` when the strategy has none."""
+
+    @abstractmethod
+    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
+        """The final pairwise similarity of the clients the strategy clustered.
+
+        The node ids of the rows with the (n, n) matrix, so that the run plots it;
+        ``None`` when the strategy computes none.
+        """
+
+    @abstractmethod
+    def write_artifacts(self, folder: Path) -> list[Path]:
+        """Write strategy-specific files (plots...) into a run's results folder.
+
+        Called by the ServerApp after ``summary.json`` is written; returns the
+        paths written.
+        """

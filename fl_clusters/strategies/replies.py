@@ -1,0 +1,198 @@
+"""Which replies a strategy may read, and when rounds without one stop the run.
+
+Every reply a strategy reads passes :func:`validate_replies` first, so reading a
+valid reply never raises. Whether a query is a round's training is the caller's
+explicit ``trains`` flag (:meth:`ClusteredStrategy.check_replies`): only
+training rounds count towards :func:`count_failed_round`'s limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from logging import INFO, WARNING
+
+import numpy as np
+from flwr.app import ArrayRecord, Message
+from flwr.common.logger import log
+
+from fl_clusters import protocol as p
+from fl_clusters.clustering import model_updates, weighted_average
+
+# Reasons quoted in the error that stops a run; the rest are counted.
+SHOWN_REASONS = 10
+
+
+def reply_problem(
+    msg: Message, reference: ArrayRecord | None, fields: Mapping[str, p.MetricField]
+) -> str | None:
+    """Why ``msg`` cannot be used, or ``None`` when it can.
+
+    Parameters
+    ----------
+    msg : Message
+        A reply from the grid.
+    reference : ArrayRecord | None
+        Model the reply's ``arrays`` must match in keys and shapes; ``None`` when
+        the reply carries no model.
+    fields : Mapping[str, MetricField]
+        Metrics the caller reads besides ``num-examples``.
+    """
+    if msg.has_error():
+        return f"client error ({msg.error.reason})"
+    metrics = msg.content.metric_records.get(p.METRICS)
+    if metrics is None:
+        return f"no '{p.METRICS}' record"
+    problem = p.check_metrics(metrics, fields)
+    if problem is not None or reference is None:
+        return problem
+    arrays = msg.content.array_records.get(p.ARRAYS)
+    if arrays is None:
+        return f"no '{p.ARRAYS}' record"
+    return p.check_model_reply(arrays, reference)
+
+
+def validate_replies(
+    replies: Iterable[Message],
+    reference: ArrayRecord | None,
+    stage: str,
+    fields: Mapping[str, p.MetricField],
+) -> tuple[list[Message], list[str]]:
+    """Split ``replies`` into the usable ones and the reasons of the others, logging both.
+
+    Parameters
+    ----------
+    replies : Iterable[Message]
+        Replies from the grid.
+    reference : ArrayRecord | None
+        See :func:`reply_problem`.
+    stage : str
+        Name used in the log lines.
+    fields : Mapping[str, MetricField]
+        See :func:`reply_problem`.
+
+    Returns
+    -------
+    tuple
+        ``(valid, reasons)``: the usable replies in arrival order, and one
+        ``"node <id>: <why>"`` per rejected reply.
+    """
+    valid: list[Message] = []
+    reasons: list[str] = []
+    replies = list(replies)
+    for msg in replies:
+        node = msg.metadata.src_node_id
+        reason = reply_problem(msg, reference, fields)
+        if reason is not None:
+            reasons.append(f"node {node}: {reason}")
+            log(WARNING, "%s: rejected reply from node %d: %s", stage, node, reason)
+            continue
+        valid.append(msg)
+    log(INFO, "%s: %d valid replies, %d rejected", stage, len(valid), len(replies) - len(valid))
+    return valid, reasons
+
+
+def count_failed_round(
+    failed_rounds: int, limit: int, limit_hint: str, stage: str, valid: bool, reasons: list[str]
+) -> int:
+    """The count of training rounds in a row without a valid reply, after this one.
+
+    Flower's loop goes on when ``aggregate_train`` returns nothing, so a
+    federation whose every client fails would otherwise finish "successfully"
+    with the untrained models it started from.
+
+    Parameters
+    ----------
+    failed_rounds : int
+        The count before this round.
+    limit : int
+        ``max_failed_rounds``: the count that stops the run.
+    limit_hint : str
+        How the user raises ``limit`` (a run-config key or a constructor argument).
+    stage : str
+        Name used in the log line.
+    valid : bool
+        Whether this round had a valid reply (which resets the count).
+    reasons : list[str]
+        Why each reply of this round was rejected, for the error.
+
+    Raises
+    ------
+    RuntimeError
+        When the count reaches ``limit``; it quotes the clients' errors.
+    """
+    if valid:
+        return 0
+    failed_rounds += 1
+    log(WARNING, "%s: no valid reply (%d of %d training rounds in a row allowed)",
+        stage, failed_rounds, limit)
+    if failed_rounds >= limit:
+        shown = ("; ".join(reasons[:SHOWN_REASONS])
+                 or "no node answered (none sampled or all timed out)")
+        more = (f" (+{len(reasons) - SHOWN_REASONS} more)"
+                if len(reasons) > SHOWN_REASONS else "")
+        raise RuntimeError(
+            f"{failed_rounds} training rounds in a row without one valid reply, so no "
+            f"model was trained; the clients said: {shown}{more}. Fix the failing "
+            f"ClientApps (or raise {limit_hint})"
+        )
+    return failed_rounds
+
+
+def num_examples(msg: Message) -> float:
+    """The ``num-examples`` a valid reply reports."""
+    return float(msg.content.metric_records[p.METRICS][p.M_NUM_EXAMPLES])  # type: ignore[arg-type]
+
+
+def train_losses(replies: Iterable[Message]) -> list[float]:
+    """The ``train-loss`` of each valid training reply."""
+    return [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS])  # type: ignore[arg-type]
+            for m in replies]
+
+
+def describe_steps_done(replies: Sequence[Message], asked: int | None) -> str:
+    """What the nodes' training did, from their replies' ``local-steps-done``.
+
+    A node that runs its own ``train()`` (``ClusteredClient``) takes the steps its
+    loop takes, whatever the server asked; the log must say what happened.
+
+    Parameters
+    ----------
+    replies : Sequence[Message]
+        Valid training replies.
+    asked : int | None
+        The ``local-steps`` the server sent (``None`` or 0: it left the number
+        to the node's epochs).
+
+    Returns
+    -------
+    str
+        E.g. ``"clients ran 13-13 local steps (asked 100)"``; nodes that did not
+        report their steps are counted.
+    """
+    done = [int(m.content.metric_records[p.METRICS][p.M_STEPS_DONE])  # type: ignore[arg-type]
+            for m in replies if p.M_STEPS_DONE in m.content.metric_records[p.METRICS]]
+    request = f"asked {asked}" if asked else "asked for local epochs"
+    text = (f"clients ran {min(done)}-{max(done)} local steps ({request})" if done
+            else f"clients did not report their local steps ({request})")
+    missing = len(replies) - len(done)
+    if done and missing:
+        text += f"; {missing} of {len(replies)} did not report theirs"
+    return text
+
+
+def reply_layers(replies: Iterable[Message], names: Sequence[str]) -> list[list[np.ndarray]]:
+    """The layers ``names`` of each valid reply's model, as numpy arrays."""
+    return [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in replies]
+
+
+def average_replies(replies: Sequence[Message], keys: Sequence[str] | None = None) -> ArrayRecord:
+    """Example-weighted average of the valid replies' models (or of ``keys`` only)."""
+    names = list(keys if keys is not None else replies[0].content.array_records[p.ARRAYS])
+    weights = [num_examples(m) for m in replies]
+    return p.numpy_to_record(names, weighted_average(reply_layers(replies, names), weights))
+
+
+def reply_updates(trained: Sequence[Message], start: ArrayRecord) -> np.ndarray:
+    """Flattened float32 updates of the replies, relative to the model they started from."""
+    names = list(start.keys())
+    return model_updates(reply_layers(trained, names), [start[n].numpy() for n in names])
