@@ -55,33 +55,46 @@ copies = st.fixed_dictionaries({
     # 0: an exact copy; otherwise far below any distance between distinct updates.
     "noise": st.sampled_from([0.0, 1e-12, 1e-9, 1e-7]),
 })
+# Updates of 1-4 groups, 1-6 clients each, at several spreads around their group.
+layouts = st.fixed_dictionaries({
+    "num_groups": st.integers(1, 4),
+    "per_group": st.integers(1, 6),
+    "dim": st.integers(2, 30),
+    "spread": st.sampled_from([0.05, 0.2, 0.5, 1.0]),
+})
+
+
+def _updates_and_copy(
+    copy: dict, layout: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """The layout's updates, them with the copy, where each original went, the copied
+    row and the copy's row."""
+    points, _ = _groups(copy["seed"], layout["num_groups"], layout["per_group"],
+                        layout["dim"], layout["spread"])
+    source = copy["source"] % points.shape[0]
+    extended, originals = _with_copy(points, source, copy["position"], copy["noise"],
+                                     copy["seed"])
+    copied = int(np.setdiff1d(np.arange(extended.shape[0]), originals)[0])
+    return points, extended, originals, source, copied
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     copy=copies,
-    num_groups=st.integers(1, 4),
-    per_group=st.integers(1, 6),
-    dim=st.integers(2, 30),
-    spread=st.sampled_from([0.05, 0.2, 0.5, 1.0]),
+    layout=layouts,
     cut=st.sampled_from([("ward", "euclidean", "gap"), ("ward", "euclidean", "relative"),
                          ("average", "cosine", "gap"), ("complete", "manhattan", "gap"),
                          ("single", "euclidean", "gap")]),
 )
 def test_a_copy_never_regroups_the_other_updates_of_flhc(
-    copy: dict, num_groups: int, per_group: int, dim: int, spread: float,
-    cut: tuple[str, str, str],
+    copy: dict, layout: dict, cut: tuple[str, str, str],
 ) -> None:
-    points, _ = _groups(copy["seed"], num_groups, per_group, dim, spread)
-    source = copy["source"] % points.shape[0]
-    extended, originals = _with_copy(points, source, copy["position"], copy["noise"],
-                                     copy["seed"])
+    points, extended, originals, source, copied = _updates_and_copy(copy, layout)
     hierarchy = UpdateHierarchy(*cut)
     before = hierarchy.fit_predict(points)
     distinct = hierarchy.num_distinct_
     after = hierarchy.fit_predict(extended)
     assert _same_partition(before, after[originals]), (before, after)
-    copied = np.setdiff1d(np.arange(extended.shape[0]), originals)[0]
     assert after[copied] == after[originals[source]]
     # The copy adds no distinct update (a lone update and its near copy give no
     # scale to call them copies by).
@@ -173,26 +186,16 @@ def test_a_copy_never_regroups_the_other_models_of_wecfl(
 
 # --------------------------------------------------------------------- CFL
 @settings(max_examples=60, deadline=None)
-@given(
-    copy=copies,
-    num_groups=st.integers(1, 4),
-    per_group=st.integers(1, 6),
-    dim=st.integers(2, 30),
-    spread=st.sampled_from([0.05, 0.2, 0.5, 1.0]),
-)
+@given(copy=copies, layout=layouts)
 def test_a_copy_never_regroups_the_other_updates_of_cfl_bipartition(
-    copy: dict, num_groups: int, per_group: int, dim: int, spread: float
+    copy: dict, layout: dict
 ) -> None:
     """CFL's split proposal (complete linkage of cosine similarities): a copy joins its
     source's side, and every other update stays on the side it was on."""
-    points, _ = _groups(copy["seed"], num_groups, per_group, dim, spread)
+    points, extended, originals, source, copied = _updates_and_copy(copy, layout)
     assume(points.shape[0] >= 2)
-    source = copy["source"] % points.shape[0]
-    extended, originals = _with_copy(points, source, copy["position"], copy["noise"],
-                                     copy["seed"])
     before = decide_cfl_split(points, 0.0, 0.0, 1.0, norms_qualify=True)
     after = decide_cfl_split(extended, 0.0, 0.0, 1.0, norms_qualify=True)
-    copied = np.setdiff1d(np.arange(extended.shape[0]), originals)[0]
     if points.shape[0] >= MIN_SPLIT_MEMBERS:
         assert before.split and after.split
         assert _same_partition(before.labels, after.labels[originals])

@@ -45,16 +45,6 @@ class ACFL(HardClusteredStrategy):
     2's cost (``trial_messages``, ``trial_train_messages``,
     ``trial_failed_members``) and says whether phase 1 ended (``phase1_ended``).
 
-    Notes
-    -----
-    The incentive sums every member's gain, so it needs clients whose local-only
-    models are already good and whose validation splits can tell a few points
-    apart (the paper has ~3,000 MNIST samples per client). With a few validation
-    samples per client one sample moves a gain by more than a fixed ``beta``; the
-    ``"noise"`` threshold scales the test with the validation sizes and checks
-    the candidate's own gain too, so a newcomer that loses by joining is not
-    admitted because the members gain a little each.
-
     Parameters
     ----------
     beta : float (default: -0.17)
@@ -86,10 +76,9 @@ class ACFL(HardClusteredStrategy):
         and validation sizes (:func:`~fl_clusters.clustering.incentive_standard_error`),
         and the candidate's own gain is at least ``-noise_z`` standard errors of
         that gain (a newcomer that loses by joining is not admitted because the
-        members gain a little each).
-        A fixed ``beta`` is in units of summed accuracy, whose noise depends on
-        the validation sizes and the group's size: the same beta is strict on
-        one data set and lax on another (docs/clustering-defaults.md).
+        members gain a little each). A fixed ``beta`` is in units of summed
+        accuracy, whose noise grows as the validation splits shrink (the paper
+        has ~3,000 MNIST samples per client; docs/clustering-defaults.md).
     noise_z : float (default: 2.0)
         Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
     **kwargs
