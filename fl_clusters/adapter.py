@@ -33,7 +33,7 @@ from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
 from fl_clusters.client.loader_learner import GRADIENT_REFUSED, LoaderLearner
 from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
 from fl_clusters.client.replies import evaluate_reply
-from fl_clusters.client.task import LOCAL_MODEL, is_persistent, sgd_settings, task_config
+from fl_clusters.client.task import LOCAL_MODEL, batch_seed, is_persistent, task_config
 from fl_clusters.learner import centers_on, with_proximal_terms
 from fl_clusters.placement import record_training
 from fl_clusters.ray_env import pass_ray_messages_inline
@@ -283,7 +283,7 @@ class ClusteredClient:
         for key, record in original.config_records.items():
             content[key] = record
         message.content = content
-        seed = sgd_settings(task_config(message), context)["seed"]
+        seed = batch_seed(task_config(message), context)
         try:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)

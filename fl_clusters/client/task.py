@@ -79,9 +79,13 @@ def sgd_settings(config: ConfigRecord, context: Context) -> dict[str, Any]:
         "batch_size": int(config.get(p.CFG_BATCH, 32)),
         "epochs": int(config.get(p.CFG_EPOCHS, 1)),
         "steps": int(config.get(p.CFG_STEPS, 0)),
-        "seed": int(config.get(p.CFG_ROUND, 0)) * 100_003
-        + node_key(context) % 100_003,
+        "seed": batch_seed(config, context),
     }
+
+
+def batch_seed(config: ConfigRecord, context: Context) -> int:
+    """The seed of this node's draws in this round (batches, the user's shuffling)."""
+    return int(config.get(p.CFG_ROUND, 0)) * 100_003 + node_key(context) % 100_003
 
 
 def reply(message: Message, metrics: MetricRecord, arrays: ArrayRecord | None = None) -> Message:

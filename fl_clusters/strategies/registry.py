@@ -64,31 +64,25 @@ def _clustered(cls: type[ClusteredStrategy], settings: Settings) -> ClusteredStr
     return strategy
 
 
-def _fedavg(settings: Settings) -> ServerStrategy:
-    # Flower's own strategy, unchanged: the baseline must be the one users know.
-    return FlowerBaseline(
-        FedAvg(
+def _baseline(flower: type[FedAvg], **own: str) -> Callable[[Settings], ServerStrategy]:
+    """A builder of Flower's ``flower`` strategy, unchanged: the baseline users know.
+
+    ``own``: the strategy's own arguments, by the run-config key that sets each.
+    """
+    def build(settings: Settings) -> ServerStrategy:
+        strategy = flower(
             fraction_train=settings["fraction-train"],
             min_available_nodes=settings["min-nodes"],
-        ),
-        seed=settings["seed"],
-    )
+            **{argument: settings[key] for argument, key in own.items()},
+        )
+        return FlowerBaseline(strategy, seed=settings["seed"])
 
-
-def _fedprox(settings: Settings) -> ServerStrategy:
-    return FlowerBaseline(
-        FedProx(
-            fraction_train=settings["fraction-train"],
-            min_available_nodes=settings["min-nodes"],
-            proximal_mu=settings["proximal-mu"],
-        ),
-        seed=settings["seed"],
-    )
+    return build
 
 
 BASELINES: dict[str, Callable[[Settings], ServerStrategy]] = {
-    "fedavg": _fedavg,
-    "fedprox": _fedprox,
+    "fedavg": _baseline(FedAvg),
+    "fedprox": _baseline(FedProx, proximal_mu="proximal-mu"),
 }
 
 
