@@ -64,7 +64,8 @@ lint: setup
 
 # Every benchmark grid as a sweep file (docs/sweeps.md); results in results/sweeps/.
 # A sweep started again skips the runs it has recorded. quick.toml is a slice of
-# the clustering matrix, for reproduce-quick (about 10 minutes on 2 cores).
+# the clustering matrix, for reproduce-quick (its time on 2 cores: the "quick" sweep's
+# manifest and runs.jsonl under benchmarks/measured/sweeps/quick/).
 SWEEPS := $(filter-out benchmarks/sweeps/quick.toml,$(wildcard benchmarks/sweeps/*.toml))
 
 reproduce: setup

@@ -31,6 +31,7 @@ from typing import Any
 from flwr.clientapp import ClientApp
 
 from benchmarks.clustering_matrix import STRUCTURES
+from fl_clusters.sweep.provenance import measurement_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "measured" / "cfl_user_optimizers.json"
@@ -134,6 +135,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from tests.test_cfl_gate import QUICKSTART_CLIENTS, quickstart_client_app
 
+    source = measurement_provenance()
     results = {
         f"quickstart|{optimizer}|{epochs} epochs": run_case(
             {"num-rounds": ROUNDS}, QUICKSTART_CLIENTS, quickstart_client_app(optimizer, epochs)
@@ -145,7 +147,7 @@ def main() -> None:
             results[f"builtin|digits|mlp|{structure}|{seed}"] = run_case(
                 {**STRUCTURES[structure], "dataset": "digits", "model": "mlp", "seed": seed,
                  "num-rounds": 25}, 20)
-    OUT.write_text(json.dumps(results, indent=1, sort_keys=True))
+    OUT.write_text(json.dumps({"provenance": source, **results}, indent=1, sort_keys=True))
     for case, row in results.items():
         print(case, {k: v for k, v in row.items() if k != "gate_log"})
 

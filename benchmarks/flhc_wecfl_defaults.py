@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -54,7 +53,7 @@ from fl_clusters.clustering import UpdateHierarchy, initial_kmeans, weighted_ave
 from fl_clusters.data import DATASET_SHAPES, load_dataset, partition_dataset
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
-from fl_clusters.sweep.provenance import git_state, utc_now
+from fl_clusters.sweep.provenance import measurement_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "measured" / "flhc_wecfl_defaults.json"
@@ -196,9 +195,8 @@ def copy_figures(truth: np.ndarray, updates: np.ndarray) -> dict[str, Any]:
 
 
 def provenance(argv: list[str]) -> dict[str, Any]:
-    """Command, commit (and whether tracked files differed), date and cores of a run."""
-    return {"command": "PYTHONPATH=. python benchmarks/flhc_wecfl_defaults.py " + " ".join(argv),
-            **git_state(), "date": utc_now(), "cores": os.cpu_count()}
+    """The run's record: command, commit (and whether tracked files differed), date, machine."""
+    return measurement_provenance([sys.executable, sys.argv[0], *argv])
 
 
 def measure_copies(argv: list[str]) -> None:
@@ -220,7 +218,10 @@ def wecfl_runs(seeds: list[int], argv: list[str], model: str, structure: str) ->
     from fl_clusters.server_app import build_server_app
 
     results = json.loads(WECFL_OUT.read_text()) if WECFL_OUT.exists() else {"runs": []}
-    source = provenance(argv)
+    results["provenance"] = provenance(argv)
+    # Runs gather over invocations: each names the one that measured it.
+    stamp = {key: results["provenance"][key]
+             for key in ("command", "commit", "dirty", "date", "cores")}
     for seed in seeds:
         with tempfile.TemporaryDirectory() as folder:
             settings = {"strategy": "wecfl", "cluster-structure": structure, "model": model,
@@ -235,7 +236,7 @@ def wecfl_runs(seeds: list[int], argv: list[str], model: str, structure: str) ->
             summary = json.loads(next(Path(folder).glob("*/summary.json")).read_text())
         row = {"model": model, "structure": structure, "seed": seed, **{k: summary.get(k) for k in (
             "ari", "num_clusters_found", "reassigned_per_round", "personalized_accuracy")},
-            **source}
+            **stamp}
         print(json.dumps(row), flush=True)
         results["runs"].append(row)
         WECFL_OUT.write_text(json.dumps(results, indent=1))
@@ -256,7 +257,7 @@ def main(argv: list[str]) -> None:
     if args.wecfl_runs:
         wecfl_runs(args.wecfl_runs, argv, args.model, args.structure)
         return
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"provenance": provenance(argv)}
     for data, model, structure in CASES:
         case = client_updates(data, model, structure)
         truth, sizes = case["truth"], case["sizes"]

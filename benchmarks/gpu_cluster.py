@@ -35,6 +35,7 @@ import torch
 
 from benchmarks.overhead import machine_info, markdown_table, measure, write_results
 from deploy.loopback_ray_cluster import LOOPBACK, LoopbackCluster
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).parent / "measured" / "gpu_cluster.json"
 
@@ -92,19 +93,20 @@ def main() -> None:
         "command": " ".join(sys.argv),
     }
     cores = os.cpu_count() or 2
+    source = measurement_provenance()
     rows: list[dict[str, Any]] = []
     for clients in args.clients:
         for strategy in args.strategies:
             single = measure(dataset, strategy, clients, args.rounds, "simulation",
                              overrides=overrides, num_gpus=per_client)
             rows.append(job_row(single, f"1 Ray node, {per_client} GPU a client"))
-            write_results(args.out, info, rows)
+            write_results(args.out, source, info, rows)
             with two_node_cluster(max(1, cores // 2), 0 if args.cpu else 1):
                 joined = measure(dataset, strategy, clients, args.rounds, "simulation",
                                  plain=single["plain_loop"], overrides=overrides,
                                  num_gpus=cluster_per_client)
             rows.append(job_row(joined, f"2 Ray nodes, {cluster_per_client} GPU a client"))
-            write_results(args.out, info, rows)
+            write_results(args.out, source, info, rows)
     print(f"card: {info['card']}")
     print(markdown_table(rows))
     for row in rows:

@@ -6,7 +6,8 @@ and the evaluation a round sends (test loss/accuracy), on the fast path (the
 learner's in-memory TensorDataset) and on the DataLoader path (the same samples
 behind a generic Dataset). CPU time of this process is reported, which the other
 jobs on a shared machine disturb less than wall time; the load average is
-recorded next to it. Writes ``benchmarks/measured/learner_speed.json``.
+recorded next to it. Writes ``benchmarks/measured/learner_speed.json`` (one row per
+data set under ``rows``, beside the run's ``provenance``).
 
     python benchmarks/learner_speed.py [--clients 20] [--measured 10]
 """
@@ -25,6 +26,7 @@ from torch.utils.data import Dataset, TensorDataset
 from fl_clusters.data import DATASET_SHAPES, load_client_data
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "learner_speed.json"
 
@@ -105,12 +107,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="messages timed per client")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a client process with torch-threads = 1
+    source = measurement_provenance()
     rows = [
         measure(name, args.clients, args.measured, args.repeats)
         for name in ("digits", "fashion-mnist")
     ]
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2) + "\n")
+    OUT.write_text(json.dumps({"provenance": source, "rows": rows}, indent=2) + "\n")
     print(json.dumps(rows, indent=2))
 
 

@@ -10,7 +10,8 @@ clients whose test mean picks another group.
 
 Digits, 4 rotation groups, 20 clients, a 10 % validation split; test splits of
 20 % (the app's default), 30 % and 40 %, and 20 % with ``copy-per-group``.
-Writes ``benchmarks/measured/mcfl_choice.json``.
+Writes ``benchmarks/measured/mcfl_choice.json`` (one row per setting and seed under
+``rows``, beside the run's ``provenance``).
 
     python benchmarks/mcfl_choice.py
 """
@@ -25,6 +26,7 @@ import numpy as np
 
 from fl_clusters.clustering import cluster_feature_means, nearest_feature
 from fl_clusters.data import ClientData, load_dataset, partition_dataset
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "mcfl_choice.json"
 NUM_CLIENTS, NUM_GROUPS, FEATURE_SAMPLES = 20, 4, 32  # the app's defaults
@@ -58,6 +60,7 @@ def wrong_choices(clients: list[ClientData], rng: np.random.Generator) -> int:
 
 def main() -> int:
     """Count wrong choices over draws in every setting and write the results file."""
+    source = measurement_provenance()
     dataset = load_dataset("digits")
     rows = []
     for test_fraction, copy_per_group in SETTINGS:
@@ -80,7 +83,7 @@ def main() -> int:
             })
             print(rows[-1])
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2) + "\n")
+    OUT.write_text(json.dumps({"provenance": source, "rows": rows}, indent=2) + "\n")
     print(f"wrote {OUT}")
     return 0
 

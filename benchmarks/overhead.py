@@ -17,7 +17,8 @@ included) is recorded next to them. Bytes, ARI and accuracy come
 from the run's ``summary.json``. Peak memory is reported twice: ``getrusage``'s maxrss
 of one process (see the ``memory`` entries' ``rusage`` text) and the peak summed RSS of
 the process tree, sampled every 0.5 s from /proc (shared pages count once per process).
-Writes JSON to ``--out`` and prints a markdown table.
+Writes JSON to ``--out`` (the run's ``provenance``, the machine and the jobs) and
+prints a markdown table.
 
     python benchmarks/overhead.py [--clients 20 100 1000] [--datasets digits fashion-mnist]
         [--strategies fedavg ifca] [--rounds 5] [--via flwr-run|simulation]
@@ -63,6 +64,7 @@ from fl_clusters.data import load_client_data, load_dataset
 from fl_clusters.learner import TorchLearner, resolve_device
 from fl_clusters.models import build_model
 from fl_clusters.server_app import build_server_app, initial_arrays
+from fl_clusters.sweep.provenance import measurement_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "measured" / "overhead.json"
@@ -649,10 +651,14 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(out: Path, info: dict[str, Any], rows: list[dict[str, Any]]) -> None:
-    """Write the machine facts and the jobs measured so far to ``out`` as JSON."""
+def write_results(
+    out: Path, provenance: dict[str, Any], info: dict[str, Any], rows: list[dict[str, Any]]
+) -> None:
+    """Write the run's provenance, the machine facts and the jobs measured so far to ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"machine": info, "jobs": rows}, indent=2) + "\n")
+    out.write_text(
+        json.dumps({"provenance": provenance, "machine": info, "jobs": rows}, indent=2) + "\n"
+    )
 
 
 def main() -> None:
@@ -676,6 +682,7 @@ def main() -> None:
         parser.error("--num-gpus needs --via simulation (flwr run takes the federation's "
                      "client-resources-num-gpus)")
     overrides = {"model": args.model, "data-root": args.data_root}
+    source = measurement_provenance()
     info = {**machine_info(), "load_average_before": os.getloadavg()}
     rows: list[dict[str, Any]] = []
     for dataset in args.datasets:
@@ -688,7 +695,7 @@ def main() -> None:
                     plain = rows[-1]["plain_loop"]
                     # Written after every job: a run cut short keeps what it measured.
                     info["load_average_after"] = os.getloadavg()
-                    write_results(args.out, info, rows)
+                    write_results(args.out, source, info, rows)
     print(markdown_table(rows))
 
 

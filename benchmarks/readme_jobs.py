@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.overhead import federation_flwr_run, machine_info
 from fl_clusters.config import parse_run_config
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "readme_jobs.json"
 # The legacy Flower simulation's time for the same jobs and data, for comparison.
@@ -55,12 +56,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    source = measurement_provenance()
     info = {**machine_info(), "load_average_before": os.getloadavg()}
     rows = [job(s) for s in args.strategies for _ in range(args.repeats)]
     info["load_average_after"] = os.getloadavg()
     args.out.write_text(
-        json.dumps({"machine": info, "peer_legacy_simulation_s": PEER_S, "jobs": rows},
-                   indent=2) + "\n"
+        json.dumps({"provenance": source, "machine": info, "peer_legacy_simulation_s": PEER_S,
+                    "jobs": rows}, indent=2) + "\n"
     )
     print("| strategy | `flwr run` s | start..R1 end s | s/round | ARI | accuracy |")
     print("|---|---|---|---|---|---|")

@@ -14,8 +14,9 @@ validation split: its cells hold ``validation-fraction`` = 0.2 of each
 client's training data out of ``train()``.
 
 Results go to ``benchmarks/measured/recipe_matrix.json`` (with the command,
-commit, date and cores that produced them; written after every cell, so an
-interrupted run resumes), and the section "Training recipe axis" of
+commit, date, cores and GPU of every run that added cells under ``runs``, the last
+one's as the file's ``provenance``; written after every cell, so an interrupted run
+resumes), and the section "Training recipe axis" of
 docs/clustering-matrix.md is regenerated from it.
 
     python benchmarks/recipe_matrix.py                                 # the full axis
@@ -30,17 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fl_clusters.sweep.provenance import measurement_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "quickstart-pytorch-clustered"
@@ -68,23 +67,7 @@ def cell_key(strategy: str, recipe: str, epochs: int, seed: int) -> str:
 
 def provenance(argv: list[str]) -> dict[str, Any]:
     """What produced the numbers: command, commit (and whether the tree differed), machine."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    return {
-        "command": "python benchmarks/recipe_matrix.py " + " ".join(argv),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "flwr": version("flwr"),
-    }
+    return measurement_provenance([sys.executable, sys.argv[0], *argv])
 
 
 def run_cell(
@@ -236,7 +219,8 @@ def main(argv: list[str]) -> None:
     results = load(args.out)
     rebuild = args.out.resolve() == OUT.resolve()
     if not args.table:
-        results["runs"].append(provenance(argv))
+        results["provenance"] = provenance(argv)
+        results["runs"].append(results["provenance"])
         for seed in args.seeds:
             for epochs in args.epochs:
                 for recipe in args.recipes:

@@ -5,7 +5,8 @@ inter-cluster accuracy). A node that chooses its cluster itself also needs every
 model's loss on its training split; a node the server names a cluster for does
 not; with many clusters (a CFL run can end with 19) those training passes are
 most of the report. Times the ClientApp's report handler for both cases, per
-client, in CPU seconds of this process. Writes ``benchmarks/measured/report_cost.json``.
+client, in CPU seconds of this process. Writes ``benchmarks/measured/report_cost.json``
+(one row per cluster count under ``rows``, beside the run's ``provenance``).
 
     python benchmarks/report_cost.py [--dataset fashion-mnist] [--model cnn] [--clusters 4 19]
 """
@@ -28,6 +29,7 @@ from fl_clusters.client.queries import report_reply
 from fl_clusters.data import DATASET_SHAPES, load_client_data
 from fl_clusters.learner import TorchLearner
 from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "report_cost.json"
 
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, nargs="+", default=[4, 19])
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a client process with torch-threads = 1
+    source = measurement_provenance()
     for name in ("_run_id", "_node_id", "_task_id"):  # Message() needs a run identity
         setattr(TaskIdentity, name, 1)
     shape, num_classes = DATASET_SHAPES[args.dataset]
@@ -82,7 +85,7 @@ def main() -> None:
         })
         print(json.dumps(rows[-1]))
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2) + "\n")
+    OUT.write_text(json.dumps({"provenance": source, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from flwr.simulation import run_simulation
 
 from fl_clusters.client_app import build_client_app
 from fl_clusters.server_app import build_server_app
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured"
 REPEATS = OUT / "repeats"
@@ -112,6 +113,19 @@ SCENARIOS: dict[str, tuple[dict[str, Any], int]] = {
     ),
 }
 
+# What the folder's README says every file in it records (tests/test_provenance.py).
+PROVENANCE_NOTE = (
+    "Every JSON file in this folder and its subfolders records where its numbers come "
+    "from in its top-level `\"provenance\"`: the command that wrote it, the git commit "
+    "(and whether tracked files differed from it), the UTC date, the CPU cores and the "
+    "GPU (`null`: none), and, where the script recorded them, platform, Python and "
+    "package versions (`fl_clusters.sweep.provenance.measurement_provenance`). A file "
+    "whose numbers are a list keeps them under `\"rows\"`. Files measured before the "
+    "scripts recorded this carry a record rebuilt from git and the file itself, marked "
+    "`\"retrofitted\"` with how it was rebuilt. A sweep's folder under `sweeps/` records "
+    "the same per session in `manifest.json` and the commit of every run in "
+    "`runs.jsonl`. `tests/test_provenance.py` fails when a file lacks any of it."
+)
 COLUMNS = (
     "strategy", "num_clusters_found", "ari", "personalized_accuracy",
     "intra_cluster_accuracy", "inter_cluster_accuracy", "rounds_to_target", "num_rounds",
@@ -125,8 +139,13 @@ REPEAT_FIELDS = (
 
 
 def run_scenario(name: str) -> dict[str, Any]:
-    """Run one scenario and return its summary with the settings that produced it."""
+    """Run one scenario and return its summary with the settings that produced it.
+
+    The result's ``provenance`` is the record of this process (command, commit,
+    date, cores, GPU).
+    """
     overrides, num_clients = SCENARIOS[name]
+    source = measurement_provenance()
     with tempfile.TemporaryDirectory() as folder:
         settings = {"results-dir": folder, "min-nodes": num_clients, **overrides}
         run_simulation(
@@ -139,7 +158,8 @@ def run_scenario(name: str) -> dict[str, Any]:
         if len(summaries) != 1:
             raise RuntimeError(f"scenario {name!r} wrote no summary.json; see the log above")
         summary = json.loads(summaries[0].read_text())
-    return {"scenario": name, "num_clients": num_clients, "run_config": overrides, **summary}
+    return {"provenance": source, "scenario": name, "num_clients": num_clients,
+            "run_config": overrides, **summary}
 
 
 def _cell(value: Any) -> str:
@@ -167,6 +187,7 @@ def write_table() -> Path:
     table.write_text(
         "# Measured by benchmarks/reproduce.py\n\n"
         "Digits, 2 CPU cores; one JSON per scenario beside this file.\n\n"
+        + PROVENANCE_NOTE + "\n\n"
         + "\n".join(lines) + "\n"
     )
     return table
@@ -212,6 +233,7 @@ def write_repeats_table() -> Path:
 def repeat_scenario(name: str, repeats: int) -> None:
     """Run one scenario ``repeats`` times and write the figures of every run."""
     overrides, num_clients = SCENARIOS[name]
+    source = measurement_provenance()
     runs = []
     for _ in range(repeats):
         summary = run_scenario(name)
@@ -219,7 +241,8 @@ def repeat_scenario(name: str, repeats: int) -> None:
         print(f"{name} run {len(runs)}: {runs[-1]}", flush=True)
     (REPEATS / f"{name}.json").write_text(
         json.dumps(
-            {"scenario": name, "num_clients": num_clients, "run_config": overrides, "runs": runs},
+            {"provenance": source, "scenario": name, "num_clients": num_clients,
+             "run_config": overrides, "runs": runs},
             indent=2,
         )
     )

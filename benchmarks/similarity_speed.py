@@ -2,7 +2,9 @@
 
 Compares :func:`fl_clusters.clustering.pairwise_cosine` (one matrix product over
 flattened float32 updates) with a Python double loop over client pairs, for model
-sizes of the networks we ship. Writes ``benchmarks/measured/similarity_speed.json``.
+sizes of the networks we ship. Writes ``benchmarks/measured/similarity_speed.json``
+(one row per model size and client count under ``rows``, beside the run's
+``provenance``).
 
     python benchmarks/similarity_speed.py
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fl_clusters.clustering import pairwise_cosine
+from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "similarity_speed.json"
 # Parameters of: our digits MLP, IFCA's MNIST MLP (784-200-10), our CNN on 28x28.
@@ -48,6 +51,7 @@ def best_time(function, argument: np.ndarray, repeats: int) -> float:
 
 def main() -> int:
     """Time both implementations and write the results file."""
+    source = measurement_provenance()
     rng = np.random.default_rng(0)
     rows = []
     for model, size in MODEL_SIZES.items():
@@ -69,7 +73,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(rows, indent=2))
+    OUT.write_text(json.dumps({"provenance": source, "rows": rows}, indent=2))
     print(f"results: {OUT}")
     return 0
 

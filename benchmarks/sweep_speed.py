@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_clusters.sweep.provenance import session_entry
+from fl_clusters.sweep.provenance import measurement_provenance
 from fl_clusters.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,10 +190,7 @@ def main() -> None:
         path = folder / "sweep.toml"
         path.write_text(sweep_file(args.cells))
         sweep = load_sweep(path)
-        provenance = session_entry([sys.executable, *sys.argv], path, "")
-        # The sweep file is generated: its content is in this result's cells.
-        for field in ("sweep_file", "sweep_file_sha256"):
-            provenance.pop(field)
+        provenance = measurement_provenance()
         provenance["load_average_before"] = os.getloadavg()
         swept = run_as_sweep(path, folder / "sweep")
         provenance["load_average_after_sweep"] = os.getloadavg()

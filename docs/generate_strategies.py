@@ -229,6 +229,10 @@ def main() -> None:
     FIDELITY.write_text(fidelity())
     PYPROJECT.write_text(render_pyproject(PYPROJECT.read_text()))
     print(f"wrote {DOC}, {FIDELITY} and {PYPROJECT}'s {TABLE.strip()}")
+    # Run as a script, docs/ is on sys.path; the measured numbers have their own module.
+    from measured_numbers import main as render_measured_numbers
+
+    render_measured_numbers([])
 
 
 if __name__ == "__main__":

@@ -217,6 +217,7 @@ def test_cfl_splits_two_groups_whose_updates_grow(
             packed = _round(cfl, server_round, packed, grid,
                             _momentum_like_moves(server_round, common=0.3))
     assert cfl.split_rounds == [3]
+    assert [e["split"] for e in cfl.summary_fields()["gate_history"]] == [False, False, True]
     groups = [{cfl.assignments[n] for n in (1, 2, 3)}, {cfl.assignments[n] for n in (4, 5, 6)}]
     assert all(len(g) == 1 for g in groups) and groups[0] != groups[1]
     # One line a round says what the gate compared and what it decided.
@@ -293,6 +294,11 @@ def test_cfl_keeps_one_cluster_while_growing_updates_agree(
     assert cfl.split_rounds == []
     last = next(r.getMessage() for r in caplog.records if "CFL round 5" in r.getMessage())
     assert "gate closed" in last and "no split: gate closed" in last
+    # The summary keeps every cluster-round's stationarity test: false (coherence at
+    # least the 0.8 ratio) in every round here.
+    history = cfl.summary_fields()["gate_history"]
+    assert [entry["round"] for entry in history] == [1, 2, 3, 4, 5]
+    assert all(not e["gate_open"] and e["coherence"] >= 0.8 and not e["split"] for e in history)
 
 
 def test_a_cluster_that_does_not_split_says_which_test_refused() -> None:

@@ -432,10 +432,10 @@ def test_fedem_beats_fedavg_on_a_label_permutation_mixture(federation, seed: int
     """Two sources that name the digits differently, mixed in every client by
     Dirichlet(0.5) proportions: FedAvg's one model serves neither source well.
 
-    Measured (20 clients, MLP, 8 rounds, two runs per seed; seeds 0/1/2): FedEM
-    0.79/0.70/0.61 personalized accuracy against FedAvg 0.54-0.55/0.49/0.44 (IFCA
-    0.79/0.74/0.61), mean |pi - true proportions| 0.047/0.046/0.085, ARI of argmax pi
-    against the dominant source 1.0/0.80/0.46 (balanced clients blur argmax).
+    The per-seed numbers (personalized accuracy of FedEM, FedAvg and IFCA, ARI of
+    argmax pi against the dominant source, which balanced clients blur) are measured
+    by the sweep ``benchmarks/sweeps/fedem-mixture.toml`` into
+    ``benchmarks/measured/sweeps/fedem-mixture/`` and rendered in docs/results.md.
     """
     fedem = federation({**MIXTURE, "strategy": "fedem", "seed": seed})
     fedavg = federation({**MIXTURE, "strategy": "fedavg", "seed": seed})

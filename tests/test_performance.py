@@ -110,11 +110,10 @@ def test_fast_path_trains_and_scores_like_the_dataloader_path() -> None:
     )
 
 
-def _context(partition_id: int, num_partitions: int) -> Context:
+def _context(partition_id: int, num_partitions: int, run_id: int = 1) -> Context:
     node_config = {"partition-id": partition_id, "num-partitions": num_partitions}
-    return Context(
-        run_id=1, node_id=partition_id, node_config=node_config, state=RecordDict(), run_config={}
-    )
+    return Context(run_id=run_id, node_id=partition_id, node_config=node_config,
+                   state=RecordDict(), run_config={})
 
 
 @pytest.fixture
@@ -139,6 +138,11 @@ def test_learner_and_data_are_built_once_per_node_and_process() -> None:
         node_data.client_data_for(_context(i, 80), overrides) is d for i, d in enumerate(data)
     )
     assert node_data.learner_for(_context(0, 80), overrides) is first
+    # An actor kept for the next run of a sweep drops this run's nodes on its first
+    # message: nothing of one run is served to another, and memory does not pile up.
+    again = node_data.learner_for(_context(0, 80, run_id=2), overrides)
+    assert again is not first and again.model is first.model
+    assert node_data.client_data_for(_context(1, 80, run_id=2), overrides) is not data[1]
 
 
 @pytest.mark.usefixtures("keep_torch_threads")

@@ -72,6 +72,7 @@ def parse(text: str):  # type: ignore[no-untyped-def]
         ('exclude = [{model = "cnn"}]\n[grid]\nseed = [0]',
          "exclude, item 0: 'model' is not a [grid] axis"),
         ('run-timeout-s = 0\n[grid]\nseed = [0]', "run-timeout-s must be a number of seconds > 0"),
+        ('record = "ari"\n[grid]\nseed = [0]', "record must be a list of summary.json field"),
     ],
 )
 def test_a_bad_sweep_file_names_the_key_and_the_fix(text: str, message: str) -> None:
@@ -184,7 +185,8 @@ def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_on
 ) -> None:
     path = tmp_path / "tiny.toml"
     # "broken": IFCA with more cluster models than nodes stops before round 1.
-    path.write_text('baseline = {strategy = "fedavg"}\n' + TINY_BASE + textwrap.dedent("""
+    head = 'baseline = {strategy = "fedavg"}\nrecord = ["preset"]\n'
+    path.write_text(head + TINY_BASE + textwrap.dedent("""
         [grid]
         seed = [0, 1]
         [grid.strategy]
@@ -211,6 +213,7 @@ def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_on
             assert line["git_commit"] is not None
         ifca = by_name[f"seed={seed},strategy=ifca"]["summary"]
         assert ifca["num_clusters_found"] == 2 and ifca["ari"] == 1.0
+        assert ifca["preset"] == "robust"  # a field the sweep file's `record` asks for
     # One Ray session for every cell.
     assert len({line["ray_node_id"] for line in lines}) == 1
     rows = {row["strategy"]: row for row in table_rows(sweep, lines)}

@@ -3,7 +3,9 @@
 A simulation actor serves many nodes in turn, one message at a time, so each
 node's partition and learner are built on its first message and kept; nodes of
 one architecture share one model, into which each call loads the weights it is
-sent.
+sent. They are kept for one run: an actor that serves the runs of a sweep in turn
+(:func:`fl_clusters.ray_pool.actors_kept_between_runs`) drops a run's nodes when
+the next run's first message arrives.
 """
 
 from __future__ import annotations
@@ -64,8 +66,20 @@ def _data_key(settings: Mapping[str, Any], context: Context) -> tuple[Any, ...]:
     )
 
 
+_run_of_cached_nodes: list[int] = []
+
+
+def _forget_other_runs(context: Context) -> None:
+    """Drop the nodes cached for another run than ``context``'s."""
+    if _run_of_cached_nodes != [context.run_id]:
+        _client_data.cache_clear()
+        _cached_learner.cache_clear()
+        _run_of_cached_nodes[:] = [context.run_id]
+
+
 def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
-    """This node's partition, loaded once per process."""
+    """This node's partition, loaded once per process and run."""
+    _forget_other_runs(context)
     settings = parse_run_config({**context.run_config, **(overrides or {})})
     return _client_data(*_data_key(settings, context))
 
@@ -103,12 +117,13 @@ def _cached_learner(
 
 
 def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) -> TorchLearner:
-    """This node's learner, built once per process and reused for every message.
+    """This node's learner, built once per process and run, reused for every message.
 
     Its data stay on the device between messages and nodes of one architecture
     share one model, into which each call loads the weights it is sent. Building a
     learner also sets this process's torch threads to the ``torch-threads`` key.
     """
+    _forget_other_runs(context)
     settings = parse_run_config({**context.run_config, **(overrides or {})})
     return _cached_learner(
         _data_key(settings, context),

@@ -89,10 +89,12 @@ def silhouette_eps(
 ) -> tuple[float | None, np.ndarray]:
     """The eps of ``candidates`` whose DBSCAN clustering has the best silhouette.
 
-    FLDC's paper picks eps from a grid by the silhouette of the result (its
-    table 5). A candidate's score is the silhouette of its clustered points
-    times the share of points it clusters (noise counts against it); one that
-    leaves fewer than two clusters has no score (NaN) and is never chosen.
+    Our search, not the paper's: FLDC's table 5 scores eps values by the
+    silhouette to validate the knee it picks; this picks eps by that score
+    over a grid of the curve's quantiles. A candidate's score is the silhouette
+    of its clustered points times the share of points it clusters (noise counts
+    against it); one that leaves fewer than two clusters has no score (NaN) and
+    is never chosen.
 
     Parameters
     ----------
@@ -143,8 +145,9 @@ class DensityClustering:
     eps_method : str (default: "knee")
         How eps is chosen when not given: ``"knee"`` of the (min_samples - 1)-
         distance curve, or ``"silhouette"``: the best silhouette over a grid of
-        ``num_candidates`` quantiles of that curve (the paper's table 5), the
-        knee when no candidate gives two clusters.
+        ``num_candidates`` quantiles of that curve (our search: the paper's table 5
+        uses the silhouette to validate the knee), the knee when no candidate gives
+        two clusters.
     num_candidates : int (default: 20)
         Size of the silhouette grid, >= 1.
 

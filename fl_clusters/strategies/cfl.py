@@ -191,6 +191,9 @@ class CFL(HardClusteredStrategy):
         self.splits: list[SplitRecord] = []
         # Largest client update norm of the first rounds: the relative gate's scale.
         self.reference_norm = 0.0
+        # Every cluster-round's gate figures: whether the stationarity test held is
+        # measurable after the run (summary.json's gate_history).
+        self.gate_history: list[dict[str, Any]] = []
 
     def place_newcomers(
         self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
@@ -249,6 +252,12 @@ class CFL(HardClusteredStrategy):
                 norms_qualify=gate_open and server_round > self.warmup_rounds,
                 min_structure=self.min_silhouette,
             )
+            self.gate_history.append({
+                "round": server_round, "cluster": cluster, "members": len(trained),
+                "coherence": float(update_coherence(updates)),
+                "mean_norm": float(decision.mean_norm), "max_norm": float(decision.max_norm),
+                "gate_open": bool(gate_open), "split": bool(decision.split),
+            })
             mean_norms.append(decision.mean_norm)
             max_norms.append(decision.max_norm)
             verdict = f"cluster {cluster} ({len(trained)} trained): {gate_text}"
@@ -322,10 +331,11 @@ class CFL(HardClusteredStrategy):
                     node, cluster)
 
     def summary_fields(self) -> dict[str, Any]:
-        """Rounds in which a cluster split, and the number of clusters found."""
+        """Rounds in which a cluster split, every cluster-round's gate, the clusters found."""
         return {
             "split_rounds": list(self.split_rounds),
             "reference_norm": self.reference_norm,
+            "gate_history": list(self.gate_history),
             **super().summary_fields(),
         }
 

@@ -78,7 +78,7 @@ class FedEM(ClusteredStrategy):
               choices=("local-kmeans", "random"), paper="random",
               why="from M random components EM rarely separates groups that differ by a "
               "label permutation; a warm-start round's k-means starts each component inside "
-              "a group (benchmarks/measured/fedem_mixture.json)"),
+              "a group (measured with both presets: docs/results.md)"),
         Param("init_steps", 100, "int",
               "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
         FRACTION_TRAIN,

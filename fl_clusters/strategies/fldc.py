@@ -79,7 +79,8 @@ class FLDC(ClusteredStrategy):
     eps_method : str (default: "knee")
         ``"knee"``: the knee of the curve of distances to the ``min_pts``-th
         nearest model (the model itself included); ``"silhouette"``: the best
-        silhouette over a grid of that curve's quantiles (the paper's table 5).
+        silhouette over a grid of that curve's quantiles (ours: the paper's
+        table 5 uses the silhouette to validate the knee, not to search).
     r : float (default: 0.2)
         Share of every cluster sampled each round after the first, in (0, 1].
     fraction_evaluate, min_available_nodes, max_failed_rounds, seed
@@ -95,7 +96,8 @@ class FLDC(ClusteredStrategy):
               above=0.0, allow_none=True, unset=0.0),
         Param("eps_method", "knee", "str",
               "FLDC eps when fldc-eps is 0: k-distance knee, or best silhouette over a grid "
-              "(the paper's table 5)", choices=EPS_METHODS),
+              "of its quantiles (ours; the paper validates the knee by it)",
+              choices=EPS_METHODS),
         Param("r", 0.2, "float", "FLDC sampling rate per cluster", above=0.0, high=1.0),
     )
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fl_clusters.apps import pass_ray_messages_inline
+from fl_clusters.ray_pool import actors_kept_between_runs
 from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
 from fl_clusters.sweep.spec import Cell, Sweep
 
@@ -258,7 +259,8 @@ def run_cell(
             summary = json.loads((results / "summary.json").read_text())
             line.update(
                 status="ok", error=None,
-                summary={name: summary.get(name) for name in SUMMARY_FIELDS},
+                summary={name: summary.get(name)
+                         for name in (*SUMMARY_FIELDS, *sweep.record)},
                 results_folder=str(results.relative_to(folder)),
             )
     line["seconds"] = round(time.monotonic() - start, 3)
@@ -368,7 +370,8 @@ def run_sweep(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
         )
-        with RaySession() as ray_session, Progress(*columns, console=console) as progress:
+        with (RaySession() as ray_session, actors_kept_between_runs(),
+              Progress(*columns, console=console) as progress):
             check_resources(sweep, ray_session.resources)
             task = progress.add_task(sweep.name, total=len(todo))
             for cell in todo:

@@ -27,6 +27,7 @@ from fl_clusters.errors import ConfigurationError
 
 TOP_LEVEL_KEYS = (
     "name", "description", "base", "grid", "baseline", "exclude", "federation", "run-timeout-s",
+    "record",
 )
 FEDERATION_DEFAULTS: dict[str, int | float] = {
     "num-supernodes": 20,
@@ -38,6 +39,7 @@ RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
 SEED_AXIS = "seed"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SCALAR_TYPES = (bool, int, float, str)
+FIELD_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class SweepFileError(ValueError):
@@ -124,6 +126,9 @@ class Sweep:
         Seconds a run may take before it is stopped and recorded failed.
     description : str
         Free text from the file.
+    record : tuple[str, ...]
+        summary.json fields each run's line keeps beside the standard ones
+        (a strategy's own, e.g. ``reassigned_per_round``).
     """
 
     name: str
@@ -135,6 +140,7 @@ class Sweep:
     baselines: tuple[str, ...] = ()
     run_timeout_s: float | None = None
     description: str = ""
+    record: tuple[str, ...] = ()
     text: str = field(default="", repr=False)
 
     @property
@@ -429,6 +435,14 @@ def parse_sweep(text: str, path: Path) -> Sweep:
         description = document.get("description", "")
         if not isinstance(description, str):
             raise SweepFileError(f"description must be a string; got {description!r}")
+        record = document.get("record", [])
+        if not isinstance(record, list) or not all(
+            isinstance(name, str) and FIELD_PATTERN.fullmatch(name) for name in record
+        ):
+            raise SweepFileError(
+                "record must be a list of summary.json field names, e.g. "
+                f'record = ["reassigned_per_round"]; got {record!r}'
+            )
         cells = _expand(base, axes, federation, excluded)
     except SweepFileError as err:
         raise SweepFileError(f"{path}: {err}") from err.__cause__
@@ -436,7 +450,7 @@ def parse_sweep(text: str, path: Path) -> Sweep:
         name=name, path=path, axes=axes, federation=federation, cells=cells,
         baseline_axis=baseline_axis, baselines=baselines,
         run_timeout_s=None if timeout is None else float(timeout),
-        description=description, text=text,
+        description=description, record=tuple(record), text=text,
     )
 
 

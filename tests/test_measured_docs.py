@@ -1,0 +1,152 @@
+"""Measured numbers in the README and docs/ agree with the files they come from."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _renderer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("measured_numbers",
+                                                  DOCS / "measured_numbers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+RENDERER = _renderer()
+
+
+@pytest.mark.parametrize("page", RENDERER.pages(), ids=lambda p: p.name)
+def test_every_measured_number_agrees_with_its_file(page: Path) -> None:
+    stale = RENDERER.mismatches(page.read_text())
+    assert not stale, (f"{page.name}: " + "; ".join(map(str, stale))
+                       + " -- run: python docs/measured_numbers.py")
+
+
+def test_the_pages_carry_measured_numbers() -> None:
+    counts = {p.name: len(RENDERER.INLINE.findall(p.read_text())) for p in RENDERER.pages()}
+    assert counts["README.md"] >= 1 and counts["results.md"] >= 10, counts
+
+
+def test_a_number_edited_by_hand_is_found() -> None:
+    text = (DOCS / "results.md").read_text()
+    marker = next(RENDERER.INLINE.finditer(text))
+    written = marker["text"]
+    edited_digit = re.search(r"\d", written)
+    assert edited_digit is not None
+    digit = edited_digit.start()
+    other = "1" if written[digit] != "1" else "2"
+    edited = (text[:marker.start("text") + digit] + other
+              + text[marker.start("text") + digit + 1:])
+    stale = RENDERER.mismatches(edited)
+    assert len(stale) == 1 and stale[0].rendered == written
+    assert RENDERER.render(edited) == text
+
+
+def test_every_file_a_page_cites_records_its_provenance() -> None:
+    for page in RENDERER.pages():
+        text = page.read_text()
+        for match in RENDERER.INLINE.finditer(text):
+            source = match["source"].strip()
+            path = RENDERER.MEASURED / source
+            if path.suffix == ".json":
+                record = RENDERER.load_measured(source)
+                assert isinstance(record, dict) and "provenance" in record, (page.name, source)
+            else:
+                assert (path.parent / "manifest.json").is_file(), (page.name, source)
+
+
+@pytest.mark.parametrize(("value", "written", "expected"), [
+    (0.90947, "0.910", "0.909"),
+    (0.036, "+0.01", "+0.04"),
+    (1234.4, "1,000 s", "1,234 s"),
+    (3.26, "3.1x", "3.3x"),
+    (12.6, "9", "13"),
+    (["ifca", "cfl"], "x", "ifca, cfl"),
+    ([3, 4, 5], "[3, 4, 4]", "[3, 4, 5]"),
+    ([0.51, 0.27], "[0.1]", "[0.5, 0.3]"),
+    ([], "[3]", "[]"),
+])
+def test_a_value_is_written_the_way_the_page_writes_it(value: object, written: str,
+                                                       expected: str) -> None:
+    assert RENDERER.format_like(value, written) == expected
+
+
+@pytest.mark.parametrize("expr", ["d.__class__", "__import__('os')", "(lambda: 1)()",
+                                  "open('x')"])
+def test_a_marker_runs_no_code_but_data_access(expr: str) -> None:
+    with pytest.raises(RENDERER.MeasuredNumberError):
+        RENDERER.evaluate("sweep_speed-2cells.json", expr)
+
+
+def test_a_comprehension_sees_the_file_and_the_functions() -> None:
+    value = RENDERER.evaluate("flhc_copies.json",
+                              "len([k for k in d if k != 'provenance' and d[k] != mean([1])])")
+    assert value == len(RENDERER.load_measured("flhc_copies.json")) - 1
+
+
+def test_a_key_of_parts_reads_a_record_without_a_pipe_in_the_page() -> None:
+    matrix = RENDERER.load_measured("clustering_matrix.json")
+    value = RENDERER.evaluate("clustering_matrix.json",
+                              'd[key("cfl", "rotation", "digits", "mlp", 0)]["ari"]')
+    assert value == matrix["cfl|rotation|digits|mlp|0"]["ari"]
+
+
+def test_numbers_after_reads_each_figure_of_a_logged_line() -> None:
+    line = ("CFL round 3 gate: cluster 0 (6 trained): |mean|/avg norm 0.332 < 0.8, max 4.073 "
+            "> 0 | cluster 1 (3 trained): |mean|/avg norm 0.739 < 0.8, max 1.2e-3 > 0")
+    numbers_after = RENDERER.FUNCTIONS["numbers_after"]
+    assert numbers_after(line, "avg norm ") == [0.332, 0.739]
+    assert numbers_after(line, "max ") == [4.073, 0.0012]
+    assert numbers_after(line, "silhouette ") == []
+
+
+def test_a_missing_file_is_named() -> None:
+    with pytest.raises(RENDERER.MeasuredNumberError, match=r"no-such\.json does not exist"):
+        RENDERER.evaluate("no-such.json", "d")
+
+
+def test_runs_reads_the_latest_ok_line_of_each_matching_cell() -> None:
+    def line(key: str, strategy: str, status: str, ari: float) -> dict[str, object]:
+        return {"key": key, "cell": {"strategy": strategy, "seed": "0"}, "status": status,
+                "summary": {"ari": ari} if status == "ok" else None}
+
+    lines = [line("a", "ifca", "failed", 0.0), line("b", "cfl", "ok", 0.5),
+             line("a", "ifca", "ok", 1.0), line("c", "ifca", "ok", 0.25)]
+    assert RENDERER.FUNCTIONS["runs"](lines, "ari", strategy="ifca") == [1.0, 0.25]
+    assert RENDERER.FUNCTIONS["runs"](lines, "ari", strategy="cfl", seed=0) == [0.5]
+
+
+def test_a_sweep_table_block_is_the_sweeps_own_table() -> None:
+    text = (DOCS / "results.md").read_text()
+    block = next(b for b in RENDERER.TABLE.finditer(text) if b["source"] == "sweeps/presets")
+    assert block["text"].startswith("| preset | strategy |")
+    edited = text.replace(block["text"], block["text"].replace("| robust |", "| paper |", 1))
+    assert [m.expr for m in RENDERER.mismatches(edited)] == ["table"]
+
+
+def test_the_recipe_axis_section_is_rendered_from_its_file() -> None:
+    # benchmarks/recipe_matrix.py writes the last section of docs/clustering-matrix.md
+    # from benchmarks/measured/recipe_matrix.json (its grid runs the plug-in example,
+    # which a sweep of the built-in app cannot).
+    spec = importlib.util.spec_from_file_location(
+        "recipe_matrix", DOCS.parent / "benchmarks" / "recipe_matrix.py")
+    assert spec is not None and spec.loader is not None
+    recipes = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = recipes
+    spec.loader.exec_module(recipes)
+    page = (DOCS / "clustering-matrix.md").read_text()
+    assert page[page.index(recipes.SECTION):] == recipes.section(recipes.load(recipes.OUT)), (
+        "docs/clustering-matrix.md's recipe section is stale: run "
+        "python benchmarks/recipe_matrix.py --table")
