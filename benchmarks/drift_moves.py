@@ -18,7 +18,6 @@ Writes ``benchmarks/measured/drift_moves.json``::
 from __future__ import annotations
 
 import contextlib
-import copy
 import csv
 import io
 import json
@@ -27,19 +26,17 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Message
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.client_app import build_client_app
 from fl_clusters.config import parse_run_config
 from fl_clusters.flower_log import show_warnings_only
+from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.server_app import run_federation
 from fl_clusters.sweep.provenance import measurement_provenance
 
@@ -53,7 +50,7 @@ STRUCTURES = ("label-permutation", "rotation")
 CASES = (("wecfl", 10), ("wecfl", 100), ("ifca", None), ("cfl", None))
 
 
-class SwappingGrid(Grid):
+class SwappingGrid(LoopbackGrid):
     """Nodes ``1000 + i`` with ``partition-id`` ``i``, each a ClientApp called in process.
 
     From the first message of round ``swap_round`` on, the two ``SWAPPED`` nodes
@@ -61,61 +58,19 @@ class SwappingGrid(Grid):
     """
 
     def __init__(self, client_app: ClientApp, run_config: dict[str, Any], swap_round: int) -> None:
-        self.client_app = client_app
+        super().__init__(client_app, NUM_CLIENTS, run_config)
         self.swap_round = swap_round
-        self.contexts = {
-            1000 + i: Context(run_id=1, node_id=1000 + i, state=RecordDict(),
-                              node_config={"partition-id": i, "num-partitions": NUM_CLIENTS},
-                              run_config=dict(run_config))
-            for i in range(NUM_CLIENTS)
-        }
-        self._run = Run.create_empty(run_id=1)
-        self._replies: dict[str, Message] = {}
-
-    def set_run(self, run: Run) -> None:
-        """Keep the run."""
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        """The run."""
-        return self._run
-
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        """Deprecated in Flower; kept for the abstract interface."""
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:
-        """Every node id."""
-        return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Swap the data once the round is due, then answer every message now."""
-        ids = []
+        messages = list(messages)
         for message in messages:
             config = message.content.config_records.get("config")
             if config is not None and int(config.get(p.CFG_ROUND, 0)) >= self.swap_round:
                 first, second = SWAPPED
                 self.contexts[first].node_config["partition-id"] = 1
                 self.contexts[second].node_config["partition-id"] = 0
-            # A copy each way, as a wire would: no side shares the other's objects.
-            message.metadata.__dict__["_message_id"] = str(uuid4())
-            delivered = copy.deepcopy(message)
-            reply = self.client_app(delivered, self.contexts[message.metadata.dst_node_id])
-            reply.metadata.__dict__["_message_id"] = str(uuid4())
-            self._replies[message.metadata.message_id] = copy.deepcopy(reply)
-            ids.append(message.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies to ``message_ids`` (each returned once)."""
-        return [self._replies.pop(i) for i in message_ids if i in self._replies]
-
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
-        """Push ``messages`` and return every reply."""
-        return self.pull_messages(self.push_messages(messages))
+        return super().push_messages(messages)
 
 
 def swapped_outcome(folder: Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Run Flower apps in process for the plug-in tests: a loopback Grid and quickstart files.
 
-:class:`LoopbackGrid` hands every message to a ClientApp in this process, one
+:class:`~fl_clusters.loopback.LoopbackGrid` hands every message to a ClientApp in this process, one
 node after another, with one persistent ``Context`` per node (``partition-id``,
 ``num-partitions`` and the run config, as ``flwr run`` gives them). No Ray, no
 SuperLink: a run costs only its training, so whole federations fit in a test.
@@ -10,20 +10,18 @@ raises is answered with an error reply carrying Flower's reason format.
 
 from __future__ import annotations
 
-import copy
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
-from flwr.serverapp import Grid, ServerApp
-from flwr.supercore.run import Run
+from flwr.serverapp import ServerApp
+
+from fl_clusters.loopback import LoopbackGrid
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "quickstart-pytorch-clustered"
@@ -185,88 +183,6 @@ QUICKSTART_CONFIG: dict[str, Any] = {
     "learning-rate": 0.03,
     "batch-size": 16,
 }
-
-
-class LoopbackGrid(Grid):
-    """A Grid whose nodes are one ClientApp called in this process.
-
-    Parameters
-    ----------
-    client_app : ClientApp
-        The app every node runs.
-    num_nodes : int
-        Nodes; node ``i`` gets ``partition-id`` ``i`` of ``num_nodes``.
-    run_config : Mapping[str, Any]
-        Every node's ``context.run_config``.
-    """
-
-    def __init__(
-        self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any]
-    ) -> None:
-        self.client_app = client_app
-        # Ids far from partition ids, so that code mixing them up fails.
-        self.contexts = {
-            1000 + i: Context(
-                run_id=1,
-                node_id=1000 + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config),
-            )
-            for i in range(num_nodes)
-        }
-        self._run = Run.create_empty(run_id=1)
-        self._replies: dict[str, Message] = {}
-
-    def set_run(self, run: Run) -> None:
-        """Keep the run (one run per grid)."""
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        """The run."""
-        return self._run
-
-    def create_message(
-        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        """Deprecated in Flower; kept for the abstract interface."""
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-    def get_node_ids(self) -> Iterable[int]:
-        """Every node id."""
-        return list(self.contexts)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Run each message's node on a copy of it now; keep the replies."""
-        ids = []
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = str(uuid4())
-            delivered = copy.deepcopy(message)
-            context = self.contexts[message.metadata.dst_node_id]
-            try:
-                reply = self.client_app(delivered, context)
-            except Exception as error:  # any handler error becomes an error reply, as in Flower
-                reason = f"{type(error)}:<'{error}'>"
-                reply = Message(
-                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
-                    reply_to=delivered,
-                )
-            reply.metadata.__dict__["_message_id"] = str(uuid4())
-            self._replies[message.metadata.message_id] = copy.deepcopy(reply)
-            ids.append(message.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies to ``message_ids`` (each returned once)."""
-        return [self._replies.pop(i) for i in message_ids if i in self._replies]
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        """Push ``messages`` and return every reply (all nodes answer at once)."""
-        return self.pull_messages(self.push_messages(messages))
 
 
 def run_server(

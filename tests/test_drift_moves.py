@@ -27,8 +27,8 @@ from flwr.app import Message
 from fl_clusters import protocol as p
 from fl_clusters.client_app import build_client_app
 from fl_clusters.config import parse_run_config
+from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.server_app import run_federation
-from tests.plugin_quickstart import LoopbackGrid
 
 NUM_CLIENTS = 10
 NUM_ROUNDS = 6
