@@ -246,7 +246,8 @@ class CFL(HardClusteredStrategy):
         for cluster in sorted(members):
             trained = members[cluster]
             updates = reply_updates(trained, models[cluster])
-            gate_open, gate_text = self._gate(server_round, updates)
+            coherence = update_coherence(updates)
+            gate_open, gate_text = self._gate(server_round, updates, coherence)
             decision = decide_cfl_split(
                 updates, self.eps1, self.eps2, self.split_threshold,
                 norms_qualify=gate_open and server_round > self.warmup_rounds,
@@ -254,7 +255,7 @@ class CFL(HardClusteredStrategy):
             )
             self.gate_history.append({
                 "round": server_round, "cluster": cluster, "members": len(trained),
-                "coherence": float(update_coherence(updates)),
+                "coherence": coherence,
                 "mean_norm": float(decision.mean_norm), "max_norm": float(decision.max_norm),
                 "gate_open": bool(gate_open), "split": bool(decision.split),
             })
@@ -296,8 +297,13 @@ class CFL(HardClusteredStrategy):
         metrics["max-update-norm"] = float(max(max_norms))
         return packed, metrics
 
-    def _gate(self, server_round: int, updates: np.ndarray) -> tuple[bool, str]:
-        """One cluster's norm test, and what it compared in words for the log."""
+    def _gate(
+        self, server_round: int, updates: np.ndarray, coherence: float | None = None
+    ) -> tuple[bool, str]:
+        """One cluster's norm test, and what it compared in words for the log.
+
+        ``coherence`` is :func:`update_coherence` of ``updates`` when the caller has it.
+        """
         mean_norm, max_norm = update_norms(updates)
         if self.gate == "absolute":
             is_open = bool(mean_norm < self.eps1 and max_norm > self.eps2)
@@ -308,7 +314,8 @@ class CFL(HardClusteredStrategy):
             )
         if server_round <= max(1, self.warmup_rounds):
             self.reference_norm = max(self.reference_norm, max_norm)
-        coherence = update_coherence(updates)
+        if coherence is None:
+            coherence = update_coherence(updates)
         is_open = coherence_split_gate(coherence, max_norm, self.reference_norm,
                                        self.mean_ratio, self.max_ratio)
         floor = self.max_ratio * self.reference_norm
