@@ -9,7 +9,8 @@
 docs/sweeps.md describes the file format and what a sweep writes.
 """
 
+from fl_clusters.sweep.cells import Cell, Sweep
 from fl_clusters.sweep.runner import run_sweep
-from fl_clusters.sweep.spec import Cell, Sweep, SweepFileError, load_sweep, parse_sweep
+from fl_clusters.sweep.spec import SweepFileError, load_sweep, parse_sweep
 
 __all__ = ["Cell", "Sweep", "SweepFileError", "load_sweep", "parse_sweep", "run_sweep"]

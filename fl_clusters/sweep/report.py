@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fl_clusters.sweep.spec import Cell, Sweep
+from fl_clusters.sweep.cells import Cell, Sweep
 
 # (field of a run's line or its summary, heading)
 METRICS = (

@@ -9,7 +9,7 @@ open, lets a simulation's end terminate only its own ClientApp actors.
 
 Each finished run appends one line to ``runs.jsonl`` (flushed to disk at once), so
 a sweep that is stopped and started again skips every cell whose key it finds
-there (:func:`fl_clusters.sweep.spec.cell_key`).
+there (:func:`fl_clusters.sweep.cells.cell_key`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from typing import Any, TextIO
 
 from fl_clusters.apps import pass_ray_messages_inline
 from fl_clusters.ray_pool import actors_kept_between_runs
+from fl_clusters.sweep.cells import Cell, Sweep
 from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
-from fl_clusters.sweep.spec import Cell, Sweep
 
 RUNS_FILE = "runs.jsonl"
 MANIFEST_FILE = "manifest.json"

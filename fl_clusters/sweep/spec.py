@@ -12,18 +12,16 @@ in a second instead of after hours of runs.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import itertools
 import json
 import re
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.errors import ConfigurationError
+from fl_clusters.sweep.cells import RESERVED_RUN_CONFIG_KEYS, SEED_AXIS, Axis, Cell, Sweep, cell_key
 
 TOP_LEVEL_KEYS = (
     "name", "description", "base", "grid", "baseline", "exclude", "federation", "run-timeout-s",
@@ -34,9 +32,6 @@ FEDERATION_DEFAULTS: dict[str, int | float] = {
     "client-resources-num-cpus": 1,
     "client-resources-num-gpus": 0.0,
 }
-# The sweep decides where each run writes; a file that sets it would scatter runs.
-RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
-SEED_AXIS = "seed"
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SCALAR_TYPES = (bool, int, float, str)
 FIELD_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
@@ -44,109 +39,6 @@ FIELD_PATTERN = re.compile(r"[a-z][a-z0-9_]*")
 
 class SweepFileError(ValueError):
     """A sweep file that cannot run; the message names the file, the key and the fix."""
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One grid axis: its values, each a label and the run-config keys it sets.
-
-    Parameters
-    ----------
-    name : str
-        The axis name: a run-config key for a list axis, any name for a table of
-        named variants.
-    values : tuple[tuple[str, dict[str, Any]], ...]
-        ``(label, run-config keys)`` per value, in the file's order.
-    """
-
-    name: str
-    values: tuple[tuple[str, dict[str, Any]], ...]
-
-    @property
-    def labels(self) -> list[str]:
-        """The values' labels, in order."""
-        return [label for label, _ in self.values]
-
-    @property
-    def keys(self) -> set[str]:
-        """Every run-config key some value of this axis sets."""
-        return {key for _, settings in self.values for key in settings}
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One run of the sweep.
-
-    Parameters
-    ----------
-    labels : dict[str, str]
-        Axis name -> the label of this cell's value, in axis order.
-    run_config : dict[str, Any]
-        The run-config keys the sweep sets (base, then every axis' value); the
-        run's own defaults fill the rest.
-    settings : dict[str, Any]
-        The full, validated run config (:func:`parse_run_config`), without
-        ``results-dir``.
-    key : str
-        Hash of ``settings`` and the federation: equal keys, equal runs.
-    """
-
-    labels: dict[str, str]
-    run_config: dict[str, Any]
-    settings: dict[str, Any]
-    key: str
-
-    @property
-    def name(self) -> str:
-        """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
-        return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """A checked sweep file and its cells.
-
-    Parameters
-    ----------
-    name : str
-        The results folder's name (``results/sweeps/NAME``).
-    path : Path
-        The sweep file.
-    axes : tuple[Axis, ...]
-        The grid axes, in the file's order.
-    federation : dict[str, int | float]
-        ``num-supernodes``, ``client-resources-num-cpus``, ``client-resources-num-gpus``.
-    cells : tuple[Cell, ...]
-        Every cell not excluded, in grid order (the last axis varies fastest).
-    baseline_axis : str | None
-        The axis the baseline is a value of.
-    baselines : tuple[str, ...]
-        The baseline labels on that axis.
-    run_timeout_s : float | None
-        Seconds a run may take before it is stopped and recorded failed.
-    description : str
-        Free text from the file.
-    record : tuple[str, ...]
-        summary.json fields each run's line keeps beside the standard ones
-        (a strategy's own, e.g. ``reassigned_per_round``).
-    """
-
-    name: str
-    path: Path
-    axes: tuple[Axis, ...]
-    federation: dict[str, int | float]
-    cells: tuple[Cell, ...]
-    baseline_axis: str | None = None
-    baselines: tuple[str, ...] = ()
-    run_timeout_s: float | None = None
-    description: str = ""
-    record: tuple[str, ...] = ()
-    text: str = field(default="", repr=False)
-
-    @property
-    def group_axes(self) -> list[str]:
-        """Axes that tell cells apart once the seed is left out."""
-        return [axis.name for axis in self.axes if axis.name != SEED_AXIS]
 
 
 def _suggest(name: str, known: Any) -> str:
@@ -323,20 +215,6 @@ def _parse_exclude(value: Any, axes: tuple[Axis, ...]) -> list[dict[str, set[str
             parsed[name] = set(_values_on(by_name[name], f"exclude, item {i}", wanted))
         rules.append(parsed)
     return rules
-
-
-def cell_key(settings: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
-    """The key of a run: a hash of its full run config and its federation.
-
-    Two cells with the same key would repeat the same run; a resumed sweep skips a
-    cell whose key it has recorded. The results folder is not part of a run's config.
-    """
-    content = {
-        "run_config": {k: v for k, v in settings.items() if k not in RESERVED_RUN_CONFIG_KEYS},
-        "federation": dict(federation),
-    }
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _expand(

@@ -1,0 +1,136 @@
+"""What a sweep is made of: its axes, its cells and their keys.
+
+:mod:`fl_clusters.sweep.spec` reads a sweep file into these records; the runner
+and the report read them. A cell's key is a hash of its full run config and
+federation, so the same run has the same key in any file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The sweep decides where each run writes; a file that sets it would scatter runs.
+RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
+SEED_AXIS = "seed"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One grid axis: its values, each a label and the run-config keys it sets.
+
+    Parameters
+    ----------
+    name : str
+        The axis name: a run-config key for a list axis, any name for a table of
+        named variants.
+    values : tuple[tuple[str, dict[str, Any]], ...]
+        ``(label, run-config keys)`` per value, in the file's order.
+    """
+
+    name: str
+    values: tuple[tuple[str, dict[str, Any]], ...]
+
+    @property
+    def labels(self) -> list[str]:
+        """The values' labels, in order."""
+        return [label for label, _ in self.values]
+
+    @property
+    def keys(self) -> set[str]:
+        """Every run-config key some value of this axis sets."""
+        return {key for _, settings in self.values for key in settings}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the sweep.
+
+    Parameters
+    ----------
+    labels : dict[str, str]
+        Axis name -> the label of this cell's value, in axis order.
+    run_config : dict[str, Any]
+        The run-config keys the sweep sets (base, then every axis' value); the
+        run's own defaults fill the rest.
+    settings : dict[str, Any]
+        The full, validated run config (:func:`parse_run_config`), without
+        ``results-dir``.
+    key : str
+        Hash of ``settings`` and the federation: equal keys, equal runs.
+    """
+
+    labels: dict[str, str]
+    run_config: dict[str, Any]
+    settings: dict[str, Any]
+    key: str
+
+    @property
+    def name(self) -> str:
+        """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
+        return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked sweep file and its cells.
+
+    Parameters
+    ----------
+    name : str
+        The results folder's name (``results/sweeps/NAME``).
+    path : Path
+        The sweep file.
+    axes : tuple[Axis, ...]
+        The grid axes, in the file's order.
+    federation : dict[str, int | float]
+        ``num-supernodes``, ``client-resources-num-cpus``, ``client-resources-num-gpus``.
+    cells : tuple[Cell, ...]
+        Every cell not excluded, in grid order (the last axis varies fastest).
+    baseline_axis : str | None
+        The axis the baseline is a value of.
+    baselines : tuple[str, ...]
+        The baseline labels on that axis.
+    run_timeout_s : float | None
+        Seconds a run may take before it is stopped and recorded failed.
+    description : str
+        Free text from the file.
+    record : tuple[str, ...]
+        summary.json fields each run's line keeps beside the standard ones
+        (a strategy's own, e.g. ``reassigned_per_round``).
+    """
+
+    name: str
+    path: Path
+    axes: tuple[Axis, ...]
+    federation: dict[str, int | float]
+    cells: tuple[Cell, ...]
+    baseline_axis: str | None = None
+    baselines: tuple[str, ...] = ()
+    run_timeout_s: float | None = None
+    description: str = ""
+    record: tuple[str, ...] = ()
+    text: str = field(default="", repr=False)
+
+    @property
+    def group_axes(self) -> list[str]:
+        """Axes that tell cells apart once the seed is left out."""
+        return [axis.name for axis in self.axes if axis.name != SEED_AXIS]
+
+
+def cell_key(settings: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
+    """The key of a run: a hash of its full run config and its federation.
+
+    Two cells with the same key would repeat the same run; a resumed sweep skips a
+    cell whose key it has recorded. The results folder is not part of a run's config.
+    """
+    content = {
+        "run_config": {k: v for k, v in settings.items() if k not in RESERVED_RUN_CONFIG_KEYS},
+        "federation": dict(federation),
+    }
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
