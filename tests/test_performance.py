@@ -23,7 +23,7 @@ from fl_clusters.client.queries import report_reply
 from fl_clusters.data import DATASET_SHAPES, load_dataset
 from fl_clusters.data import loaders as data_loaders
 from fl_clusters.learner import TorchLearner
-from fl_clusters.models import build_model, model_to_arrays
+from fl_clusters.models import arrays_to_model, build_model, model_to_arrays
 from fl_clusters.server_app import initial_arrays
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,6 +175,27 @@ def test_server_sizes_the_model_without_loading_the_data(monkeypatch: pytest.Mon
         np.testing.assert_array_equal(arrays[name].numpy(), value.numpy())
 
 
+def test_the_cnn_keeps_channels_last_weights_with_the_values_and_outputs_of_nchw() -> None:
+    # Channels-last halves the CNN's scoring time on 28x28 inputs (CPU max pooling;
+    # benchmarks/model_layout_speed.py); it must not change what a client sends or
+    # what the model computes beyond float rounding.
+    model = build_model("cnn", (1, 28, 28), 10, seed=3)
+    plain = build_model("cnn", (1, 28, 28), 10, seed=3).to(memory_format=torch.contiguous_format)
+    assert model.body[3].weight.is_contiguous(memory_format=torch.channels_last)
+    assert not model.body[3].weight.is_contiguous()
+    mine, theirs = model_to_arrays(model), model_to_arrays(plain)
+    for name in theirs:
+        assert mine[name].data == theirs[name].data, name
+    # Arrays from an NCHW model load into it and come back byte for byte.
+    trained = model_to_arrays(build_model("cnn", (1, 28, 28), 10, seed=4))
+    back = model_to_arrays(arrays_to_model(model, trained))
+    assert all(back[name].data == trained[name].data for name in trained)
+    x = torch.randn(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(arrays_to_model(plain, trained)(x), model(x),
+                                   rtol=1e-5, atol=1e-5)
+
+
 class _CountingLearner(TorchLearner):
     """Counts the passes over each split."""
 
@@ -302,7 +323,7 @@ def test_importing_the_package_or_training_pulls_no_heavy_modules() -> None:
         "import torch\n"
         "from torch.utils.data import TensorDataset\n"
         "from fl_clusters.learner import TorchLearner\n"
-        "from fl_clusters.models import build_model, model_to_arrays\n"
+        "from fl_clusters.models import arrays_to_model, build_model, model_to_arrays\n"
         "data = TensorDataset(torch.zeros(8, 1, 8, 8), torch.zeros(8, dtype=torch.long))\n"
         "model = build_model('mlp', (1, 8, 8), 10)\n"
         "TorchLearner(model, data, data).train(model_to_arrays(model), lr=0.1, batch_size=4)\n"

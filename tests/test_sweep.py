@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -310,3 +311,41 @@ def test_the_console_script_lists_cells_and_which_are_recorded(
     assert listed[0].split() == [load_sweep(path).cells[0].key, "to", "run", "strategy=ifca"]
     assert listed[1].split() == [done.key, "recorded", "strategy=fedavg"]
     assert listed[2].startswith("2 cells, 1 to run")
+
+
+def test_only_runs_the_chosen_cells_and_names_a_wrong_axis_or_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fl_clusters.sweep.cli import main
+    from fl_clusters.sweep.runner import pending_cells
+    from fl_clusters.sweep.spec import parse_only
+
+    path = tmp_path / "s.toml"
+    path.write_text('[grid]\nseed = [0, 1, 2]\nmodel = ["mlp", "cnn"]\n'
+                    'strategy = ["ifca", "fedavg"]\n')
+    sweep = load_sweep(path)
+    only = parse_only(sweep, ["model=mlp", "seed=1", "seed=2"])
+    assert only == {"model": {"mlp"}, "seed": {"1", "2"}}
+    chosen = pending_cells(sweep, [], retry_failed=False, only=only)
+    assert sorted(cell.name for cell in chosen) == sorted(
+        f"seed={seed},model=mlp,strategy={strategy}"
+        for seed in (1, 2) for strategy in ("ifca", "fedavg")
+    )
+    # A recorded cell stays recorded; the cells --only leaves out are listed as such.
+    out = tmp_path / "out"
+    out.mkdir()
+    append_run(out / "runs.jsonl", {"key": chosen[0].key, "status": "ok"})
+    assert main(["sweep", str(path), "--out", str(out), "--dry-run",
+                 "--only", "model=mlp", "--only", "seed=1,2"]) == 0
+    states = [line.split()[1] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert states.count("recorded") == 1
+    assert states.count("to") == 3
+    assert states.count("left") == 12 - 4
+    for wrong, message in [
+        ("modl=mlp", "'modl' is not a [grid] axis (did you mean 'model'?)"),
+        ("model=mpl", "'mpl' is not a value of [grid] 'model' (mlp, cnn)"),
+        ("model", "write AXIS=LABEL[,LABEL...]"),
+    ]:
+        with pytest.raises(SweepFileError, match=re.escape(message)):
+            parse_only(sweep, [wrong])
+        assert main(["sweep", str(path), "--only", wrong, "--dry-run"]) == 2

@@ -74,6 +74,10 @@ class Cell:
         """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
         return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
 
+    def selected_by(self, only: Mapping[str, set[str]]) -> bool:
+        """Whether this cell has one of the chosen labels on every axis ``only`` names."""
+        return all(self.labels[axis] in labels for axis, labels in only.items())
+
 
 @dataclass(frozen=True)
 class Sweep:

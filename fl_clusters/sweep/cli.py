@@ -17,7 +17,7 @@ from fl_clusters.sweep.runner import (
     run_sweep,
     sweep_folder,
 )
-from fl_clusters.sweep.spec import SweepFileError, load_sweep
+from fl_clusters.sweep.spec import SweepFileError, load_sweep, parse_only
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retry-failed", action="store_true",
         help="run the cells whose recorded run failed again (they are skipped by default)",
+    )
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL...]",
+        help="run only the cells with one of these labels on this axis (repeatable, "
+             "e.g. --only model=mlp --only seed=1,2); the table still lists every cell",
     )
     parser.add_argument(
         "--dry-run", action="store_true",
@@ -53,12 +58,21 @@ def sweep_command(args: argparse.Namespace) -> int:
         console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
                       soft_wrap=True)
         return 2
+    try:
+        only = parse_only(sweep, args.only)
+    except SweepFileError as err:
+        console.print(f"[red]bad --only[/red] {escape(str(err))}", highlight=False,
+                      soft_wrap=True)
+        return 2
     folder = sweep_folder(sweep, args.out)
     if args.dry_run:
-        todo = {cell.key for cell in pending_cells(sweep, read_runs(folder / RUNS_FILE),
-                                                   args.retry_failed)}
+        runs = read_runs(folder / RUNS_FILE)
+        todo = {cell.key for cell in pending_cells(sweep, runs, args.retry_failed, only)}
+        unrecorded = {cell.key for cell in pending_cells(sweep, runs, args.retry_failed)}
         for cell in sweep.cells:
-            print(f"{cell.key}  {'to run  ' if cell.key in todo else 'recorded'}  {cell.name}")
+            state = ("to run  " if cell.key in todo
+                     else "left out" if cell.key in unrecorded else "recorded")
+            print(f"{cell.key}  {state}  {cell.name}")
         print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
         return 0
     if args.report:
@@ -68,7 +82,8 @@ def sweep_command(args: argparse.Namespace) -> int:
             print(path)
         return 0
     try:
-        run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console)
+        run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console,
+                  only=only)
     except SweepFileError as err:
         console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
                       soft_wrap=True)

@@ -286,12 +286,22 @@ def _progress_line(line: Mapping[str, Any], cell: Cell) -> str:
     )
 
 
-def pending_cells(sweep: Sweep, runs: list[dict[str, Any]], retry_failed: bool) -> list[Cell]:
-    """The cells without a recorded run (with ``retry_failed``, also those that failed)."""
+def pending_cells(
+    sweep: Sweep,
+    runs: list[dict[str, Any]],
+    retry_failed: bool,
+    only: Mapping[str, set[str]] | None = None,
+) -> list[Cell]:
+    """The cells without a recorded run (with ``retry_failed``, also those that failed).
+
+    ``only`` (axis -> labels, :func:`fl_clusters.sweep.spec.parse_only`) keeps the
+    cells with one of the labels on each axis it names.
+    """
     latest = {line["key"]: line for line in runs}
     return [
         cell for cell in sweep.cells
-        if cell.key not in latest or (retry_failed and latest[cell.key]["status"] != "ok")
+        if (cell.key not in latest or (retry_failed and latest[cell.key]["status"] != "ok"))
+        and cell.selected_by(only or {})
     ]
 
 
@@ -315,6 +325,7 @@ def run_sweep(
     retry_failed: bool = False,
     command: list[str] | None = None,
     console: Any = None,
+    only: Mapping[str, set[str]] | None = None,
 ) -> Path:
     """Run every cell of ``sweep`` not recorded yet, then write the table and plots.
 
@@ -330,6 +341,9 @@ def run_sweep(
         The command line, for the manifest (``sys.argv`` by default).
     console : rich.console.Console | None
         Where the progress bar and one line per run go (standard error by default).
+    only : Mapping[str, set[str]] | None
+        Run only the cells with one of these labels on each named axis
+        (:func:`fl_clusters.sweep.spec.parse_only`); the table still lists every cell.
 
     Returns
     -------
@@ -352,7 +366,7 @@ def run_sweep(
     folder.mkdir(parents=True, exist_ok=True)
     runs_path = folder / RUNS_FILE
     runs = read_runs(runs_path)
-    todo = pending_cells(sweep, runs, retry_failed)
+    todo = pending_cells(sweep, runs, retry_failed, only)
     console = console or Console(file=sys.stderr)
     (folder / SWEEP_COPY).write_text(sweep.text)
     append_session(
@@ -361,8 +375,10 @@ def run_sweep(
                       hashlib.sha256(sweep.text.encode()).hexdigest()),
     )
     console.print(
-        f"sweep {sweep.name}: {len(sweep.cells)} cells, {len(sweep.cells) - len(todo)} "
-        f"recorded, {len(todo)} to run; results in {folder}", markup=False, soft_wrap=True
+        f"sweep {sweep.name}: {len(sweep.cells)} cells, "
+        f"{len(sweep.cells) - len(pending_cells(sweep, runs, retry_failed))} recorded, "
+        f"{len(todo)} to run{' (--only)' if only else ''}; results in {folder}",
+        markup=False, soft_wrap=True
     )
     if todo:
         commit = git_state()

@@ -217,6 +217,43 @@ def _parse_exclude(value: Any, axes: tuple[Axis, ...]) -> list[dict[str, set[str
     return rules
 
 
+def parse_only(sweep: Sweep, selections: list[str]) -> dict[str, set[str]]:
+    """The ``--only AXIS=LABEL[,LABEL...]`` selections, checked against ``sweep``'s axes.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The loaded sweep.
+    selections : list[str]
+        One ``AXIS=LABEL[,LABEL...]`` text per ``--only``; the same axis twice adds
+        labels.
+
+    Returns
+    -------
+    dict[str, set[str]]
+        Axis name -> the labels a cell must have on it.
+    """
+    by_name = {axis.name: axis for axis in sweep.axes}
+    chosen: dict[str, set[str]] = {}
+    for text in selections:
+        name, sep, labels = text.partition("=")
+        name = name.strip()
+        if not sep or not labels.strip():
+            raise SweepFileError(
+                f"--only {text!r}: write AXIS=LABEL[,LABEL...], e.g. --only model=mlp"
+            )
+        if name not in by_name:
+            raise SweepFileError(
+                f"--only {text!r}: {name!r} is not a [grid] axis"
+                f"{_suggest(name, by_name)} (axes: {', '.join(by_name)})"
+            )
+        wanted = [label.strip() for label in labels.split(",")]
+        chosen.setdefault(name, set()).update(
+            _values_on(by_name[name], f"--only {text!r}", wanted)
+        )
+    return chosen
+
+
 def _expand(
     base: dict[str, Any], axes: tuple[Axis, ...], federation: dict[str, int | float],
     excluded: list[dict[str, set[str]]],
