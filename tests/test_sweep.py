@@ -66,6 +66,8 @@ def parse(text: str):  # type: ignore[no-untyped-def]
          "run-config key 'results-dir' is set by the sweep"),
         ('[grid]\nseed = [0]\n[federation]\nnum-nodes = 4',
          "[federation]: unknown key 'num-nodes'"),
+        ('[grid]\nseed = [0]\n[federation]\nclient-resources-num-gpus = "half"',
+         "[federation] key 'client-resources-num-gpus' must be a number >= 0 or \"auto\""),
         ('[grid]\nlr = [0.1]\n[grid.opt]\nfast = {lr = 0.5}',
          "run-config key 'lr' is set by both axes 'lr' and 'opt'"),
         ('[grid.opt]\ndefault = {}\nsame = {lr = 0.1}',
@@ -130,6 +132,37 @@ def test_a_cell_key_is_its_full_config() -> None:
     ).cells[0]
     assert plain.key == spelled.key
     assert len({plain.key, other_lr.key, more_nodes.key}) == 3
+    # Where a run computes is not what it computes: a GPU share keeps the key, so a
+    # GPU machine resumes a sweep a CPU machine began.
+    on_gpus = parse(
+        '[grid]\nstrategy = ["ifca"]\nseed = [0]\n[federation]\nclient-resources-num-gpus = 0.25'
+    ).cells[0]
+    assert on_gpus.key == plain.key
+
+
+@pytest.mark.parametrize(
+    ("gpus", "resources", "expected"),
+    [
+        ("auto", {"CPU": 2.0}, 0.0),
+        ("auto", {"CPU": 16.0, "GPU": 1.0}, 0.0625),  # 16 clients at once share one GPU
+        ("auto", {"CPU": 16.0, "GPU": 2.0}, 0.125),
+        ("auto", {"CPU": 3.0, "GPU": 1.0}, 0.3333),  # Ray's 0.0001 steps, rounded down
+        ("auto", {"CPU": 2.0, "GPU": 4.0}, 1.0),  # at most a whole GPU a client
+        (0.0, {"CPU": 16.0, "GPU": 1.0}, 0.0),  # the file keeps a run on the CPU
+        (0.5, {"CPU": 16.0, "GPU": 1.0}, 0.5),
+    ],
+)
+def test_an_auto_gpu_share_splits_the_gpus_among_the_clients_that_run_at_once(
+    gpus: object, resources: dict[str, float], expected: float
+) -> None:
+    from fl_clusters.sweep.cells import resolve_federation
+
+    gpu_line = "" if gpus == "auto" else f"client-resources-num-gpus = {gpus}\n"
+    sweep = parse(f'[grid]\nseed = [0]\n[federation]\n{gpu_line}')
+    assert sweep.federation["client-resources-num-gpus"] == gpus
+    resolved = resolve_federation(sweep.federation, resources)
+    assert resolved["client-resources-num-gpus"] == expected
+    assert resolved["client-resources-num-cpus"] == 1
 
 
 def _line(cell, status: str, accuracy: float, ari: float) -> dict:  # type: ignore[no-untyped-def]

@@ -17,6 +17,8 @@ from typing import Any
 # The sweep decides where each run writes; a file that sets it would scatter runs.
 RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
 SEED_AXIS = "seed"
+GPUS_AUTO = "auto"
+GPUS_KEY = "client-resources-num-gpus"
 
 
 @dataclass(frozen=True)
@@ -91,8 +93,9 @@ class Sweep:
         The sweep file.
     axes : tuple[Axis, ...]
         The grid axes, in the file's order.
-    federation : dict[str, int | float]
-        ``num-supernodes``, ``client-resources-num-cpus``, ``client-resources-num-gpus``.
+    federation : dict[str, int | float | str]
+        ``num-supernodes``, ``client-resources-num-cpus``, ``client-resources-num-gpus``
+        (a number, or ``"auto"``: :func:`resolve_federation`).
     cells : tuple[Cell, ...]
         Every cell not excluded, in grid order (the last axis varies fastest).
     baseline_axis : str | None
@@ -111,7 +114,7 @@ class Sweep:
     name: str
     path: Path
     axes: tuple[Axis, ...]
-    federation: dict[str, int | float]
+    federation: dict[str, int | float | str]
     cells: tuple[Cell, ...]
     baseline_axis: str | None = None
     baselines: tuple[str, ...] = ()
@@ -130,11 +133,41 @@ def cell_key(settings: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
     """The key of a run: a hash of its full run config and its federation.
 
     Two cells with the same key would repeat the same run; a resumed sweep skips a
-    cell whose key it has recorded. The results folder is not part of a run's config.
+    cell whose key it has recorded. The results folder is not part of a run's config,
+    and the GPUs are not part of its federation: they decide where a run computes,
+    not what, so a sweep resumed on a GPU machine skips the cells a CPU machine
+    recorded (each line's ``federation`` says where it ran). The key hashes the GPU
+    share as 0.0, the value every key had before GPUs were left out.
     """
     content = {
         "run_config": {k: v for k, v in settings.items() if k not in RESERVED_RUN_CONFIG_KEYS},
-        "federation": dict(federation),
+        "federation": {**federation, GPUS_KEY: 0.0},
     }
     text = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def resolve_federation(
+    federation: Mapping[str, int | float | str], resources: Mapping[str, float]
+) -> dict[str, int | float]:
+    """The federation a sweep runs with on a machine whose Ray has ``resources``.
+
+    A GPU share of ``"auto"`` becomes 0 without GPUs; with GPUs, each client gets an
+    equal share of them such that every client that fits on the CPUs at once
+    (``CPU // client-resources-num-cpus``) holds one share, at most a whole GPU,
+    rounded down to Ray's 0.0001 steps.
+
+    Parameters
+    ----------
+    federation : Mapping[str, int | float | str]
+        ``Sweep.federation``.
+    resources : Mapping[str, float]
+        ``ray.cluster_resources()``: ``"CPU"`` and, where there are any, ``"GPU"``.
+    """
+    resolved = dict(federation)
+    if resolved[GPUS_KEY] == GPUS_AUTO:
+        gpus = float(resources.get("GPU", 0.0))
+        concurrent = max(1, int(float(resources.get("CPU", 1.0))
+                                // float(resolved["client-resources-num-cpus"])))
+        resolved[GPUS_KEY] = min(1.0, int(gpus / concurrent * 10_000) / 10_000) if gpus else 0.0
+    return resolved  # type: ignore[return-value]

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from fl_clusters.apps import pass_ray_messages_inline
 from fl_clusters.ray_pool import actors_kept_between_runs
-from fl_clusters.sweep.cells import Cell, Sweep
+from fl_clusters.sweep.cells import Cell, Sweep, resolve_federation
 from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
 
 RUNS_FILE = "runs.jsonl"
@@ -226,9 +226,16 @@ def simulate(
 
 
 def run_cell(
-    cell: Cell, sweep: Sweep, folder: Path, ray_node_id: str, commit: Mapping[str, Any]
+    cell: Cell,
+    sweep: Sweep,
+    folder: Path,
+    ray_node_id: str,
+    commit: Mapping[str, Any],
+    federation: Mapping[str, int | float],
 ) -> dict[str, Any]:
     """Run one cell and return its ``runs.jsonl`` line (status ``ok`` or ``failed``).
+
+    ``federation`` is the sweep's, resolved for this machine (:func:`resolve_federation`).
 
     The run's output goes to ``logs/KEY.log``; its results folder lies under
     ``runs/KEY/``. Any exception of the run is recorded, never raised; an
@@ -244,13 +251,13 @@ def run_cell(
         "key": cell.key,
         "cell": cell.labels,
         "run_config": cell.run_config,
-        "federation": sweep.federation,
+        "federation": dict(federation),
         "started": utc_now(),
     }
     start = time.monotonic()
     with log_path.open("w") as log, output_to(log):
         try:
-            results = simulate(settings, sweep.federation, sweep.run_timeout_s)
+            results = simulate(settings, federation, sweep.run_timeout_s)
         except Exception as error:
             traceback.print_exc(file=log)
             line.update(status="failed", error=_error_text(error), summary=None,
@@ -305,13 +312,15 @@ def pending_cells(
     ]
 
 
-def check_resources(sweep: Sweep, resources: Mapping[str, float]) -> None:
+def check_resources(
+    sweep: Sweep, federation: Mapping[str, int | float], resources: Mapping[str, float]
+) -> None:
     """Refuse a federation whose clients ask for more than this machine's Ray has."""
     from fl_clusters.sweep.spec import SweepFileError
 
     for key, resource in (("client-resources-num-cpus", "CPU"),
                           ("client-resources-num-gpus", "GPU")):
-        wanted = float(sweep.federation[key])
+        wanted = float(federation[key])
         if wanted > resources.get(resource, 0.0):
             raise SweepFileError(
                 f"{sweep.path}: [federation] {key} = {wanted:g}, but Ray sees "
@@ -388,11 +397,12 @@ def run_sweep(
         )
         with (RaySession() as ray_session, actors_kept_between_runs(),
               Progress(*columns, console=console) as progress):
-            check_resources(sweep, ray_session.resources)
+            federation = resolve_federation(sweep.federation, ray_session.resources)
+            check_resources(sweep, federation, ray_session.resources)
             task = progress.add_task(sweep.name, total=len(todo))
             for cell in todo:
                 progress.update(task, description=cell.name)
-                line = run_cell(cell, sweep, folder, ray_session.node_id, commit)
+                line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
                 append_run(runs_path, line)
                 runs.append(line)
                 progress.console.print(_progress_line(line, cell), soft_wrap=True)

@@ -21,16 +21,26 @@ from typing import Any
 
 from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.errors import ConfigurationError
-from fl_clusters.sweep.cells import RESERVED_RUN_CONFIG_KEYS, SEED_AXIS, Axis, Cell, Sweep, cell_key
+from fl_clusters.sweep.cells import (
+    GPUS_AUTO,
+    RESERVED_RUN_CONFIG_KEYS,
+    SEED_AXIS,
+    Axis,
+    Cell,
+    Sweep,
+    cell_key,
+)
 
 TOP_LEVEL_KEYS = (
     "name", "description", "base", "grid", "baseline", "exclude", "federation", "run-timeout-s",
     "record",
 )
-FEDERATION_DEFAULTS: dict[str, int | float] = {
+FEDERATION_DEFAULTS: dict[str, int | float | str] = {
     "num-supernodes": 20,
     "client-resources-num-cpus": 1,
-    "client-resources-num-gpus": 0.0,
+    # "auto": a share of the machine's GPUs when Ray sees any, else none
+    # (fl_clusters.sweep.cells.resolve_federation).
+    "client-resources-num-gpus": GPUS_AUTO,
 }
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 SCALAR_TYPES = (bool, int, float, str)
@@ -127,7 +137,7 @@ def _parse_axes(grid: Any) -> tuple[Axis, ...]:
     return axes
 
 
-def _parse_federation(table: Any) -> dict[str, int | float]:
+def _parse_federation(table: Any) -> dict[str, int | float | str]:
     if not isinstance(table, dict):
         raise SweepFileError(f"[federation] must be a table; got {table!r}")
     federation = dict(FEDERATION_DEFAULTS)
@@ -137,13 +147,18 @@ def _parse_federation(table: Any) -> dict[str, int | float]:
                 f"[federation]: unknown key {key!r}{_suggest(key, FEDERATION_DEFAULTS)}; "
                 f"allowed: {', '.join(FEDERATION_DEFAULTS)}"
             )
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise SweepFileError(f"[federation] key {key!r} must be a number >= 0; got {value!r}")
+        if key == "client-resources-num-gpus" and value == GPUS_AUTO:
+            pass
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            also = f' or "{GPUS_AUTO}"' if key == "client-resources-num-gpus" else ""
+            raise SweepFileError(
+                f"[federation] key {key!r} must be a number >= 0{also}; got {value!r}"
+            )
         federation[key] = value
     if int(federation["num-supernodes"]) != federation["num-supernodes"] or \
             federation["num-supernodes"] < 1:
         raise SweepFileError("[federation] key 'num-supernodes' must be a whole number >= 1")
-    if federation["client-resources-num-cpus"] <= 0:
+    if federation["client-resources-num-cpus"] <= 0:  # type: ignore[operator]
         raise SweepFileError("[federation] key 'client-resources-num-cpus' must be > 0")
     federation["num-supernodes"] = int(federation["num-supernodes"])
     return federation
@@ -255,7 +270,7 @@ def parse_only(sweep: Sweep, selections: list[str]) -> dict[str, set[str]]:
 
 
 def _expand(
-    base: dict[str, Any], axes: tuple[Axis, ...], federation: dict[str, int | float],
+    base: dict[str, Any], axes: tuple[Axis, ...], federation: dict[str, int | float | str],
     excluded: list[dict[str, set[str]]],
 ) -> tuple[Cell, ...]:
     cells: list[Cell] = []
