@@ -12,6 +12,7 @@ import pytest
 from fl_clusters.sweep import provenance
 from fl_clusters.sweep.provenance import (
     REQUIRED_KEYS,
+    changed_code,
     measured_folder_problems,
     measurement_provenance,
     record_problems,
@@ -53,6 +54,22 @@ def test_a_sweep_session_with_its_commit_under_git_is_complete(tmp_path: Path) -
     entry = session_entry(["fl-clusters", "sweep", "x.toml"], tmp_path / "x.toml", "0" * 64)
     assert "commit" not in entry and "commit" in entry["git"]
     assert record_problems(entry) == []
+
+
+def test_dirty_means_changed_code_not_changed_results() -> None:
+    # Resuming a sweep changes its tracked runs.jsonl; that is no change to the code.
+    porcelain = "\n".join([
+        " M benchmarks/measured/sweeps/quick/runs.jsonl",
+        " M docs/results.md",
+        "M  fl_clusters/models.py",
+        "R  benchmarks/old.py -> benchmarks/new.py",
+        " M benchmarks/sweeps/quick.toml",
+        " M docs/img/ari.png",
+    ])
+    assert changed_code(porcelain) == [
+        "benchmarks/new.py", "benchmarks/sweeps/quick.toml", "fl_clusters/models.py",
+    ]
+    assert changed_code(" M benchmarks/measured/x.json\n M README.md") == []
 
 
 @pytest.mark.parametrize(("change", "problem"), [

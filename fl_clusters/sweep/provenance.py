@@ -30,6 +30,8 @@ REQUIRED_KEYS = ("command", "commit", "date", "cores", "gpu")
 # The folder of sweep results inside a measured folder: a sweep's manifest.json and
 # runs.jsonl hold its provenance, its other files are outputs.
 SWEEPS_FOLDER = "sweeps"
+# Tracked files whose change is a change of the code that runs (git_state's "dirty").
+CODE_SUFFIXES = (".py", ".toml", ".sh", ".cfg", ".txt")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
@@ -44,16 +46,30 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
-def git_state() -> dict[str, Any]:
-    """The commit of the running code and whether tracked files differ from it.
+def changed_code(porcelain: str) -> list[str]:
+    """The tracked code files ``git status --porcelain`` lists as changed.
 
-    ``commit`` is ``None`` outside a git checkout (an installed wheel); ``dirty``
-    counts tracked files only (results folders and new scratch files are no change
-    to the code that ran).
+    Code is what decides what a run computes (:data:`CODE_SUFFIXES`); measured
+    files, docs and plots that differ from the commit are results, not a change to
+    the code that made them. A renamed file counts under its new path.
+    """
+    paths = (line[3:].split(" -> ")[-1].strip('"') for line in porcelain.splitlines() if line)
+    return sorted(path for path in paths if path.endswith(CODE_SUFFIXES))
+
+
+def git_state() -> dict[str, Any]:
+    """The commit of the running code and whether tracked code files differ from it.
+
+    ``commit`` is ``None`` outside a git checkout (an installed wheel). ``dirty``
+    says whether a tracked code file differs from the commit, ``changed_code``
+    lists them (:func:`changed_code`); new untracked files and changed results
+    (``runs.jsonl`` of the sweep being resumed, docs) do not count.
     """
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    changed = None if status is None else changed_code(status)
+    return {"commit": commit, "dirty": None if changed is None else bool(changed),
+            "changed_code": changed}
 
 
 def gpu_name() -> str | None:
