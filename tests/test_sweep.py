@@ -186,6 +186,9 @@ def test_the_table_pairs_each_seed_with_the_baseline_of_the_same_seed(tmp_path: 
     ]
     # Seed 2 of the baseline failed: seed 2 has no pair, and its failure is counted.
     runs[-1] = _line(cell["strategy=fedavg,seed=2"], "failed", 0.0, 0.0)
+    # Seed 1 of the baseline ran on a GPU (a sweep resumed on a GPU machine).
+    runs[-2]["federation"] = {"num-supernodes": 20, "client-resources-num-cpus": 1,
+                              "client-resources-num-gpus": 0.0625}
     rows = {row["strategy"]: row for row in table_rows(sweep, runs)}
     ifca, fedavg = rows["ifca"], rows["fedavg"]
     assert ifca["personalized_accuracy_mean"] == pytest.approx(0.8)
@@ -194,12 +197,15 @@ def test_the_table_pairs_each_seed_with_the_baseline_of_the_same_seed(tmp_path: 
     assert ifca["personalized_accuracy_minus_fedavg_mean"] == pytest.approx((0.4 + 0.1) / 2)
     assert ifca["ari_minus_fedavg_mean"] == pytest.approx(1.0)
     assert fedavg["runs_ok"] == 2 and fedavg["runs_failed"] == 1
+    assert fedavg["runs_on_gpu"] == 1 and ifca["runs_on_gpu"] == 0
     assert "personalized_accuracy_minus_fedavg_n" not in fedavg
     written = write_report(sweep, runs, tmp_path)
     assert {p.name for p in written} == {
         "table.csv", "table.md", "accuracy.png", "ari.png", "paired-difference.png"
     }
     assert "| ifca | 0,1,2 | 0.8000 ± 0.1000 |" in (tmp_path / "table.md").read_text()
+    table = (tmp_path / "table.md").read_text()
+    assert "| fedavg | 0,1 (1 failed, 0 not run) (1 on GPU) |" in table
     assert "+0.2500 ± 0.2121 (2)" in (tmp_path / "table.md").read_text()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fl_clusters.sweep.cells import Cell, Sweep
+from fl_clusters.sweep.cells import GPUS_KEY, Cell, Sweep
 
 # (field of a run's line or its summary, heading)
 METRICS = (
@@ -116,6 +116,12 @@ def table_rows(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> list[dict[str
         row["runs_ok"] = sum(line["status"] == "ok" for line in lines)
         row["runs_failed"] = sum(line["status"] != "ok" for line in lines)
         row["runs_missing"] = len(cells) - len(lines)
+        # A GPU's numbers and seconds are not a CPU's: the table says which ran where.
+        row["runs_on_gpu"] = sum(
+            line["status"] == "ok"
+            and float(line.get("federation", {}).get(GPUS_KEY) or 0.0) > 0.0
+            for line in lines
+        )
         for name, _ in METRICS:
             values = [v for v in (metric(line, name) for line in lines) if v is not None]
             for stat, value in spread(values).items():
@@ -171,6 +177,8 @@ def markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> str:
         runs = row["seeds"] or "-"
         if row["runs_failed"] or row["runs_missing"]:
             runs += f" ({row['runs_failed']} failed, {row['runs_missing']} not run)"
+        if row["runs_on_gpu"]:
+            runs += f" ({row['runs_on_gpu']} on GPU)"
         reached = row["rounds_to_target_n"]
         mb = row.get("bytes_sent_mean")
         cells = [
