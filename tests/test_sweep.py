@@ -17,10 +17,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fl_clusters.sweep import SweepFileError, load_sweep, parse_sweep, run_sweep
-from fl_clusters.sweep.cli import sweep_main
+from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
+from fl_clusters.sweep.cells import resolve_federation
+from fl_clusters.sweep.cli import main, sweep_main
+from fl_clusters.sweep.merge import MergeError, merge_runs
+from fl_clusters.sweep.provenance import append_session
 from fl_clusters.sweep.report import table_rows, write_report
-from fl_clusters.sweep.runner import append_run, read_runs
+from fl_clusters.sweep.runner import append_run, pending_cells, read_runs
+from fl_clusters.sweep.spec import parse_only
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,8 +159,6 @@ def test_a_cell_key_is_its_full_config() -> None:
 def test_an_auto_gpu_share_splits_the_gpus_among_the_clients_that_run_at_once(
     gpus: object, resources: dict[str, float], expected: float
 ) -> None:
-    from fl_clusters.sweep.cells import resolve_federation
-
     gpu_line = "" if gpus == "auto" else f"client-resources-num-gpus = {gpus}\n"
     sweep = parse(f'[grid]\nseed = [0]\n[federation]\n{gpu_line}')
     assert sweep.federation["client-resources-num-gpus"] == gpus
@@ -352,17 +354,17 @@ def test_the_console_script_lists_cells_and_which_are_recorded(
     assert listed[2].startswith("2 cells, 1 to run")
 
 
+def _write_sweep(folder: Path, text: str) -> tuple[Path, Sweep]:
+    path = folder / "s.toml"
+    path.write_text(text)
+    return path, load_sweep(path)
+
+
 def test_only_runs_the_chosen_cells_and_names_a_wrong_axis_or_label(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fl_clusters.sweep.cli import main
-    from fl_clusters.sweep.runner import pending_cells
-    from fl_clusters.sweep.spec import parse_only
-
-    path = tmp_path / "s.toml"
-    path.write_text('[grid]\nseed = [0, 1, 2]\nmodel = ["mlp", "cnn"]\n'
-                    'strategy = ["ifca", "fedavg"]\n')
-    sweep = load_sweep(path)
+    path, sweep = _write_sweep(tmp_path, '[grid]\nseed = [0, 1, 2]\nmodel = ["mlp", "cnn"]\n'
+                                         'strategy = ["ifca", "fedavg"]\n')
     only = parse_only(sweep, ["model=mlp", "seed=1", "seed=2"])
     assert only == {"model": {"mlp"}, "seed": {"1", "2"}}
     chosen = pending_cells(sweep, [], retry_failed=False, only=only)
@@ -388,3 +390,69 @@ def test_only_runs_the_chosen_cells_and_names_a_wrong_axis_or_label(
         with pytest.raises(SweepFileError, match=re.escape(message)):
             parse_only(sweep, [wrong])
         assert main(["sweep", str(path), "--only", wrong, "--dry-run"]) == 2
+
+
+def test_merge_adds_another_machines_runs_with_their_folders_and_sessions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, sweep = _write_sweep(
+        tmp_path, 'name = "shared"\n[grid]\nstrategy = ["ifca", "fedavg", "cfl"]\nseed = [0, 1]\n'
+    )
+    cell = {c.name: c for c in sweep.cells}
+    here, gpu = tmp_path / "here", tmp_path / "gpu"
+
+    def record(folder: Path, name: str, status: str = "ok") -> None:
+        append_run(folder / "runs.jsonl", _line(cell[name], status, 0.5, 1.0))
+        (folder / "runs" / cell[name].key).mkdir(parents=True)
+        (folder / "runs" / cell[name].key / "summary.json").write_text("{}")
+        (folder / "logs").mkdir(exist_ok=True)
+        (folder / "logs" / f"{cell[name].key}.log").write_text(name)
+
+    here.mkdir()
+    gpu.mkdir()
+    record(here, "strategy=ifca,seed=0")
+    record(here, "strategy=cfl,seed=0", status="failed")
+    record(gpu, "strategy=ifca,seed=0")  # both machines ran it: ours is kept
+    record(gpu, "strategy=cfl,seed=0")  # ours failed, theirs is ok: theirs counts
+    record(gpu, "strategy=fedavg,seed=1")
+    append_run(gpu / "runs.jsonl", {"key": "0" * 16, "status": "ok"})  # another file's
+    append_session(here / "manifest.json", "shared", {"machine": "laptop"})
+    append_session(gpu / "manifest.json", "shared", {"machine": "H200"})
+
+    result = merge_runs(sweep, here, gpu)
+    assert result.added == [cell["strategy=cfl,seed=0"].key, cell["strategy=fedavg,seed=1"].key]
+    assert result.already_recorded == [cell["strategy=ifca,seed=0"].key]
+    assert result.not_in_sweep == ["0" * 16]
+    lines = read_runs(here / "runs.jsonl")
+    assert [line["key"] for line in lines].count(cell["strategy=cfl,seed=0"].key) == 2
+    rows = {row["strategy"]: row for row in table_rows(sweep, lines)}
+    assert rows["cfl"]["runs_ok"] == 1 and rows["cfl"]["runs_failed"] == 0
+    key = cell["strategy=fedavg,seed=1"].key
+    assert (here / "runs" / key / "summary.json").exists()
+    assert (here / "logs" / f"{key}.log").read_text() == "strategy=fedavg,seed=1"
+    sessions = json.loads((here / "manifest.json").read_text())["sessions"]
+    assert sessions == [{"machine": "laptop"}, {"machine": "H200"}]
+    # Merging again adds nothing and repeats no session.
+    assert merge_runs(sweep, here, gpu).added == []
+    assert len(json.loads((here / "manifest.json").read_text())["sessions"]) == 2
+
+    # The command: merges, writes the table, and names what it left out.
+    other = tmp_path / "other"
+    other.mkdir()
+    record(other, "strategy=cfl,seed=1")
+    assert main(["sweep", str(path), "--out", str(here), "--merge", str(other)]) == 0
+    assert "1 runs added, 0 already recorded here" in capsys.readouterr().out
+    assert (here / "table.md").exists()
+    # Bad folders are refused with the reason.
+    with pytest.raises(MergeError, match=re.escape("no runs.jsonl")):
+        merge_runs(sweep, here, tmp_path / "nowhere")
+    with pytest.raises(MergeError, match="is the sweep's own folder"):
+        merge_runs(sweep, here, here)
+    append_session(other / "manifest.json", "another", {})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "runs.jsonl").write_text("")
+    append_session(elsewhere / "manifest.json", "another", {})
+    with pytest.raises(MergeError, match="holds sweep 'another', not 'shared'"):
+        merge_runs(sweep, here, elsewhere)
+    assert main(["sweep", str(path), "--out", str(here), "--merge", str(elsewhere)]) == 2

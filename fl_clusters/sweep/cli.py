@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
+from fl_clusters.sweep.cells import Sweep
 from fl_clusters.sweep.runner import (
     RUNS_FILE,
     pending_cells,
@@ -44,6 +46,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         "--report", action="store_true",
         help="only rewrite the table and plots from runs.jsonl",
     )
+    parser.add_argument(
+        "--merge", action="append", default=[], type=Path, metavar="FOLDER",
+        help="add the runs another machine wrote for this sweep (its --out folder) to "
+             "this sweep's folder, then rewrite the table and plots; run nothing",
+    )
 
 
 def sweep_command(args: argparse.Namespace) -> int:
@@ -75,6 +82,8 @@ def sweep_command(args: argparse.Namespace) -> int:
             print(f"{cell.key}  {state}  {cell.name}")
         print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
         return 0
+    if args.merge:
+        return _merge(sweep, folder, args.merge, console)
     if args.report:
         from fl_clusters.sweep.report import write_report
 
@@ -88,6 +97,30 @@ def sweep_command(args: argparse.Namespace) -> int:
         console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
                       soft_wrap=True)
         return 2
+    return 0
+
+
+def _merge(sweep: Sweep, folder: Path, others: list[Path], console: Any) -> int:
+    """``--merge``: add each folder's runs, say what was kept out, rewrite the report."""
+    from rich.markup import escape
+
+    from fl_clusters.sweep.merge import MergeError, merge_runs
+    from fl_clusters.sweep.report import write_report
+
+    for other in others:
+        try:
+            result = merge_runs(sweep, folder, other)
+        except MergeError as err:
+            console.print(f"[red]cannot merge[/red] {escape(str(err))}", highlight=False,
+                          soft_wrap=True)
+            return 2
+        print(f"{other}: {len(result.added)} runs added, {len(result.already_recorded)} "
+              f"already recorded here, {len(result.not_in_sweep)} not cells of "
+              f"{sweep.path} (left out)")
+        if result.not_in_sweep:
+            print("  left out: " + ", ".join(result.not_in_sweep))
+    write_report(sweep, read_runs(folder / RUNS_FILE), folder)
+    print(f"table: {folder / 'table.md'}")
     return 0
 
 

@@ -1,0 +1,130 @@
+"""Put the runs of one sweep made on other machines into its folder.
+
+A sweep can be shared between machines: each runs a slice (``--only``) into a
+folder of its own, e.g. the GPU machine the CNN cells and the laptop the rest.
+:func:`merge_runs` brings such a folder's runs into the sweep's folder: the lines
+of ``runs.jsonl`` whose cells the sweep file has and the folder lacks, with each
+run's results folder and log, and the other folder's sessions into
+``manifest.json`` (the machine, commit and command those runs came from). A cell
+key does not depend on the machine (:func:`fl_clusters.sweep.cells.cell_key`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fl_clusters.sweep.cells import Sweep
+from fl_clusters.sweep.runner import (
+    LOGS_FOLDER,
+    MANIFEST_FILE,
+    RUNS_FILE,
+    RUNS_FOLDER,
+    append_run,
+    read_runs,
+)
+
+
+class MergeError(ValueError):
+    """A folder that cannot be merged: not a sweep folder, or another sweep's."""
+
+
+@dataclass
+class MergeResult:
+    """What :func:`merge_runs` did with one folder's lines.
+
+    Parameters
+    ----------
+    added : list[str]
+        Keys of the runs added (their lines, results folders and logs).
+    already_recorded : list[str]
+        Keys the sweep's folder has an ``ok`` line for already: kept as they are.
+    not_in_sweep : list[str]
+        Keys that are no cell of the sweep file as it is now: left out.
+    """
+
+    added: list[str] = field(default_factory=list)
+    already_recorded: list[str] = field(default_factory=list)
+    not_in_sweep: list[str] = field(default_factory=list)
+
+
+def _sweep_name_of(folder: Path) -> str | None:
+    manifest = folder / MANIFEST_FILE
+    if not manifest.exists():
+        return None
+    return json.loads(manifest.read_text()).get("sweep")
+
+
+def _copy(source: Path, target: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+    elif source.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
+    """Add the runs of ``other`` (a folder of the same sweep) to ``folder``.
+
+    A run is added when its key is a cell of ``sweep`` and ``folder`` has no line
+    for it, or only a failed one while ``other``'s run is ``ok`` (the later line is
+    the one the table reads, as after ``--retry-failed``). The table and plots are
+    not rewritten here.
+
+    Parameters
+    ----------
+    sweep : Sweep
+        The loaded sweep file.
+    folder : Path
+        The sweep's folder, created when missing.
+    other : Path
+        A folder the same sweep wrote on another machine.
+
+    Returns
+    -------
+    MergeResult
+        The keys added, kept and left out.
+    """
+    if not (other / RUNS_FILE).exists():
+        raise MergeError(f"{other}: no {RUNS_FILE}; name the folder a sweep wrote (its --out)")
+    if other.resolve() == folder.resolve():
+        raise MergeError(f"{other} is the sweep's own folder; name another machine's folder")
+    name = _sweep_name_of(other)
+    if name is not None and name != sweep.name:
+        raise MergeError(
+            f"{other} holds sweep {name!r}, not {sweep.name!r}; merge it with its own file"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    cells = {cell.key for cell in sweep.cells}
+    status = {line["key"]: line["status"] for line in read_runs(folder / RUNS_FILE)}
+    result = MergeResult()
+    for line in read_runs(other / RUNS_FILE):
+        key = line["key"]
+        if key not in cells:
+            result.not_in_sweep.append(key)
+            continue
+        if key in status and (status[key] == "ok" or line["status"] != "ok"):
+            result.already_recorded.append(key)
+            continue
+        _copy(other / RUNS_FOLDER / key, folder / RUNS_FOLDER / key)
+        _copy(other / LOGS_FOLDER / f"{key}.log", folder / LOGS_FOLDER / f"{key}.log")
+        append_run(folder / RUNS_FILE, line)
+        status[key] = line["status"]
+        result.added.append(key)
+    if result.added:
+        _merge_sessions(folder / MANIFEST_FILE, other / MANIFEST_FILE, sweep.name)
+    return result
+
+
+def _merge_sessions(manifest: Path, other_manifest: Path, sweep_name: str) -> None:
+    """Append the sessions of ``other_manifest`` that ``manifest`` lacks."""
+    document: dict[str, Any] = (
+        json.loads(manifest.read_text()) if manifest.exists()
+        else {"sweep": sweep_name, "sessions": []}
+    )
+    theirs = json.loads(other_manifest.read_text())["sessions"] if other_manifest.exists() else []
+    document["sessions"] += [entry for entry in theirs if entry not in document["sessions"]]
+    manifest.write_text(json.dumps(document, indent=2) + "\n")
