@@ -56,21 +56,16 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
 def sweep_command(args: argparse.Namespace) -> int:
     """Run (or check, or report) the sweep ``args.file``; the exit status."""
     from rich.console import Console
-    from rich.markup import escape
 
     console = Console(file=sys.stderr)
     try:
         sweep = load_sweep(args.file)
     except SweepFileError as err:
-        console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
-                      soft_wrap=True)
-        return 2
+        return _refuse(console, "bad sweep file", err)
     try:
         only = parse_only(sweep, args.only)
     except SweepFileError as err:
-        console.print(f"[red]bad --only[/red] {escape(str(err))}", highlight=False,
-                      soft_wrap=True)
-        return 2
+        return _refuse(console, "bad --only", err)
     folder = sweep_folder(sweep, args.out)
     if args.dry_run:
         runs = read_runs(folder / RUNS_FILE)
@@ -94,16 +89,20 @@ def sweep_command(args: argparse.Namespace) -> int:
         run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console,
                   only=only)
     except SweepFileError as err:
-        console.print(f"[red]bad sweep file[/red] {escape(str(err))}", highlight=False,
-                      soft_wrap=True)
-        return 2
+        return _refuse(console, "bad sweep file", err)
     return 0
+
+
+def _refuse(console: Any, what: str, error: Exception) -> int:
+    """Print ``what`` and the error on one line; the command's exit status 2."""
+    from rich.markup import escape
+
+    console.print(f"[red]{what}[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
+    return 2
 
 
 def _merge(sweep: Sweep, folder: Path, others: list[Path], console: Any) -> int:
     """``--merge``: add each folder's runs, say what was kept out, rewrite the report."""
-    from rich.markup import escape
-
     from fl_clusters.sweep.merge import MergeError, merge_runs
     from fl_clusters.sweep.report import write_report
 
@@ -111,9 +110,7 @@ def _merge(sweep: Sweep, folder: Path, others: list[Path], console: Any) -> int:
         try:
             result = merge_runs(sweep, folder, other)
         except MergeError as err:
-            console.print(f"[red]cannot merge[/red] {escape(str(err))}", highlight=False,
-                          soft_wrap=True)
-            return 2
+            return _refuse(console, "cannot merge", err)
         print(f"{other}: {len(result.added)} runs added, {len(result.already_recorded)} "
               f"already recorded here, {len(result.not_in_sweep)} not cells of "
               f"{sweep.path} (left out)")

@@ -15,9 +15,9 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fl_clusters.sweep.cells import Sweep
+from fl_clusters.sweep.provenance import append_session
 from fl_clusters.sweep.runner import (
     LOGS_FOLDER,
     MANIFEST_FILE,
@@ -121,10 +121,8 @@ def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
 
 def _merge_sessions(manifest: Path, other_manifest: Path, sweep_name: str) -> None:
     """Append the sessions of ``other_manifest`` that ``manifest`` lacks."""
-    document: dict[str, Any] = (
-        json.loads(manifest.read_text()) if manifest.exists()
-        else {"sweep": sweep_name, "sessions": []}
-    )
+    ours = json.loads(manifest.read_text())["sessions"] if manifest.exists() else []
     theirs = json.loads(other_manifest.read_text())["sessions"] if other_manifest.exists() else []
-    document["sessions"] += [entry for entry in theirs if entry not in document["sessions"]]
-    manifest.write_text(json.dumps(document, indent=2) + "\n")
+    for entry in theirs:
+        if entry not in ours:
+            append_session(manifest, sweep_name, entry)
