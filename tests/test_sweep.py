@@ -283,6 +283,24 @@ def test_a_run_past_its_timeout_is_recorded_failed(tmp_path: Path) -> None:
     assert "RunTimeoutError: the run took longer than run-timeout-s = 1 s" in line["error"]
 
 
+def test_stop_after_finishes_the_run_under_way_and_starts_no_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "budget.toml"
+    path.write_text(TINY_BASE + '[grid]\nstrategy = ["fedavg"]\nseed = [0, 1, 2]\n')
+    out = tmp_path / "out"
+    # A budget of 6 ms: over once the first run has taken its seconds.
+    assert main(["sweep", str(path), "--out", str(out), "--stop-after", "0.0001"]) == 0
+    lines = read_runs(out / "runs.jsonl")
+    assert [line["status"] for line in lines] == ["ok"]
+    assert "2 of 3 runs not started" in capsys.readouterr().err
+    assert (out / "table.md").exists()
+    for wrong in ("0", "-5", "soon", "inf"):
+        with pytest.raises(SystemExit):
+            main(["sweep", str(path), "--stop-after", wrong, "--dry-run"])
+    assert "is not a number of minutes > 0" in capsys.readouterr().err
+
+
 def _sweep_process(path: Path, out: Path) -> subprocess.Popen[str]:
     # A session of its own: killing its group also kills the Ray processes it started.
     return subprocess.Popen(

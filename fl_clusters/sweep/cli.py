@@ -39,6 +39,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
              "e.g. --only model=mlp --only seed=1,2); the table still lists every cell",
     )
     parser.add_argument(
+        "--stop-after", type=_minutes, default=None, metavar="MINUTES",
+        help="start no run after this many minutes; the run under way finishes, and "
+             "the same command later runs the rest",
+    )
+    parser.add_argument(
         "--dry-run", action="store_true",
         help="check the file and list its cells, recorded or not; run nothing",
     )
@@ -51,6 +56,17 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         help="add the runs another machine wrote for this sweep (its --out folder) to "
              "this sweep's folder, then rewrite the table and plots; run nothing",
     )
+
+
+def _minutes(text: str) -> float:
+    """``--stop-after``'s value: minutes > 0."""
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = float("nan")
+    if not minutes > 0 or minutes == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes > 0, e.g. 90")
+    return minutes
 
 
 def sweep_command(args: argparse.Namespace) -> int:
@@ -87,7 +103,8 @@ def sweep_command(args: argparse.Namespace) -> int:
         return 0
     try:
         run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console,
-                  only=only)
+                  only=only,
+                  stop_after_s=None if args.stop_after is None else args.stop_after * 60)
     except SweepFileError as err:
         return _refuse(console, "bad sweep file", err)
     return 0

@@ -335,6 +335,7 @@ def run_sweep(
     command: list[str] | None = None,
     console: Any = None,
     only: Mapping[str, set[str]] | None = None,
+    stop_after_s: float | None = None,
 ) -> Path:
     """Run every cell of ``sweep`` not recorded yet, then write the table and plots.
 
@@ -353,6 +354,10 @@ def run_sweep(
     only : Mapping[str, set[str]] | None
         Run only the cells with one of these labels on each named axis
         (:func:`fl_clusters.sweep.spec.parse_only`); the table still lists every cell.
+    stop_after_s : float | None
+        Start no run once this many seconds have passed since the first one
+        started; the run under way finishes and is recorded, and the same command
+        later runs the rest (a batch job's time limit, a machine lent for a while).
 
     Returns
     -------
@@ -400,7 +405,15 @@ def run_sweep(
             federation = resolve_federation(sweep.federation, ray_session.resources)
             check_resources(sweep, federation, ray_session.resources)
             task = progress.add_task(sweep.name, total=len(todo))
-            for cell in todo:
+            started = time.monotonic()
+            for done, cell in enumerate(todo):
+                if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
+                    progress.console.print(
+                        f"stopped after {stop_after_s / 60:g} min (--stop-after): "
+                        f"{len(todo) - done} of {len(todo)} runs not started; the same "
+                        "command runs them", markup=False, soft_wrap=True,
+                    )
+                    break
                 progress.update(task, description=cell.name)
                 line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
                 append_run(runs_path, line)
