@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,8 @@ def _minutes(text: str) -> float:
     try:
         minutes = float(text)
     except ValueError:
-        minutes = float("nan")
-    if not minutes > 0 or minutes == float("inf"):
+        minutes = math.nan
+    if not (math.isfinite(minutes) and minutes > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes > 0, e.g. 90")
     return minutes
 
