@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -260,14 +260,28 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     return folder
 
 
-def build_server_app(overrides: Mapping[str, Any] | None = None) -> ServerApp:
-    """The ServerApp; ``overrides`` win over ``context.run_config`` (see the ClientApp's)."""
+def build_server_app(
+    overrides: Mapping[str, Any] | None = None,
+    prepare_grid: Callable[[Grid], None] | None = None,
+) -> ServerApp:
+    """The ServerApp.
+
+    Parameters
+    ----------
+    overrides : Mapping[str, Any] | None
+        Run-config keys that win over ``context.run_config`` (see the ClientApp's).
+    prepare_grid : Callable[[Grid], None] | None
+        Called with Flower's grid once the run config is parsed, before the
+        federation starts (a sweep puts its time limit on the grid there).
+    """
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         report_configuration_errors_in_one_line()
         settings = parse_run_config({**context.run_config, **(overrides or {})})
+        if prepare_grid is not None:
+            prepare_grid(grid)
         run_federation(grid, settings)
 
     return app

@@ -129,32 +129,26 @@ def simulate(
 ) -> Path:
     """Run one simulated federation with run config ``settings``; its results folder.
 
+    ``settings["results-dir"]`` must be a folder of this run alone: the run's
+    results folder is the one it finds there.
+
     Raises whatever ended the run: the ServerApp's own error (a configuration it
     cannot run, a failed round), or :class:`RunTimeoutError`.
     """
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
+    from functools import partial
+
     from flwr.simulation import run_simulation
 
     from fl_clusters.client_app import build_client_app
-    from fl_clusters.config import parse_run_config
-    from fl_clusters.errors import report_configuration_errors_in_one_line
-    from fl_clusters.server_app import run_federation
+    from fl_clusters.server_app import build_server_app
 
     deadline = time.monotonic() + (timeout_s or 0.0)
-    folders: list[Path] = []
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        report_configuration_errors_in_one_line()
-        parsed = parse_run_config({**context.run_config, **settings})
-        if timeout_s is not None:
-            stop_at_deadline(grid, deadline, timeout_s)
-        folders.append(run_federation(grid, parsed))
-
     run_simulation(
-        server_app=server_app,
+        server_app=build_server_app(
+            settings,
+            prepare_grid=None if timeout_s is None
+            else partial(stop_at_deadline, deadline=deadline, limit_s=timeout_s),
+        ),
         client_app=build_client_app(settings),
         num_supernodes=int(federation["num-supernodes"]),
         backend_config={"client_resources": {
@@ -162,6 +156,10 @@ def simulate(
             "num_gpus": federation["client-resources-num-gpus"],
         }},
     )
-    if not folders:
-        raise RuntimeError("the simulation ended without the ServerApp's results folder")
+    folders = [path.parent for path in Path(settings["results-dir"]).glob("*/summary.json")]
+    if len(folders) != 1:
+        raise RuntimeError(
+            f"the simulation ended with {len(folders)} results folders in "
+            f"{settings['results-dir']}, not one"
+        )
     return folders[0]
