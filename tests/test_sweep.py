@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,7 @@ from rich.console import Console
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
 from fl_clusters.sweep.cells import resolve_federation
 from fl_clusters.sweep.cli import main, sweep_main
+from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.merge import MergeError, merge_runs
 from fl_clusters.sweep.provenance import append_session
 from fl_clusters.sweep.report import table_rows, write_report
@@ -311,7 +314,9 @@ def _sweep_process(path: Path, out: Path) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(tmp_path: Path) -> None:
+def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "resume.toml"
     path.write_text(TINY_BASE + '[grid]\nstrategy = ["ifca", "fedavg"]\nseed = [0, 1]\n')
     out = tmp_path / "out"
@@ -319,6 +324,14 @@ def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(tmp_path: Pat
     first = _sweep_process(path, out)
     try:
         deadline = time.monotonic() + 600
+        while not (out / LOCK_FILE).exists() or not (out / LOCK_FILE).read_text():
+            assert first.poll() is None, first.communicate()[0]
+            assert time.monotonic() < deadline, "the sweep took no lock within 10 minutes"
+            time.sleep(0.05)
+        # A second sweep on the folder is refused and leaves the first to its runs.
+        assert main(["sweep", str(path), "--out", str(out)]) == 2
+        (refusal,) = capsys.readouterr().err.splitlines()
+        assert f"the sweep of PID {first.pid} on host" in refusal
         while not (runs.exists() and runs.read_text().count("\n") >= 1):
             assert first.poll() is None, first.communicate()[0]
             assert time.monotonic() < deadline, "no run finished within 10 minutes"
@@ -328,9 +341,13 @@ def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(tmp_path: Pat
         first.wait()
     before = runs.read_text().splitlines()
     assert 1 <= len(before) < 4
+    assert all(json.loads(line)["status"] == "ok" for line in before)
     second = _sweep_process(path, out)
     output, _ = second.communicate(timeout=900)
     assert second.returncode == 0, output
+    # The killed sweep's lock is taken over.
+    assert f"the sweep of PID {first.pid} on host" in output
+    assert "ended without releasing it" in output
     assert f"{len(before)} recorded, {4 - len(before)} to run" in output
     after = runs.read_text().splitlines()
     # The lines of the first session stay as they were; each cell has exactly one line.
@@ -474,3 +491,61 @@ def test_merge_adds_another_machines_runs_with_their_folders_and_sessions(
     with pytest.raises(MergeError, match="holds sweep 'another', not 'shared'"):
         merge_runs(sweep, here, elsewhere)
     assert main(["sweep", str(path), "--out", str(here), "--merge", str(elsewhere)]) == 2
+
+
+def test_a_sweep_folder_in_use_is_refused_in_one_line_and_left_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, sweep = _write_sweep(tmp_path, TINY_BASE + '[grid]\nstrategy = ["fedavg"]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "runs.jsonl").write_text("")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "runs.jsonl").write_text("")
+    with sweep_folder_lock(out):
+        holder = json.loads((out / LOCK_FILE).read_text())
+        before = sorted(p.name for p in out.iterdir())
+        for extra in ([], ["--report"], ["--merge", str(other)]):
+            assert main(["sweep", str(path), "--out", str(out), *extra]) == 2, extra
+            (line,) = capsys.readouterr().err.splitlines()
+            assert line.startswith(f"sweep folder in use {out}: the sweep of PID {os.getpid()} "
+                                   f"on host {socket.gethostname()}, started "
+                                   f"{holder['started']}"), line
+            assert "wait for it to end or stop it, or give this one another --out" in line
+        assert sorted(p.name for p in out.iterdir()) == before
+        assert (out / "runs.jsonl").read_text() == ""
+        with pytest.raises(SweepFolderInUse):
+            run_sweep(sweep, out, console=Console(file=io.StringIO()))
+    # Released on leaving, an exception or Ctrl-C too.
+    assert not (out / LOCK_FILE).exists()
+    with pytest.raises(KeyboardInterrupt), sweep_folder_lock(out):
+        raise KeyboardInterrupt
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_a_lock_a_dead_sweep_left_is_taken_over_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = _write_sweep(tmp_path, '[grid]\nstrategy = ["ifca", "fedavg"]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = {"pid": gone.pid, "host": socket.gethostname(),
+            "started": "2026-01-01T00:00:00+00:00", "command": ["fl-clusters", "sweep"]}
+    (out / LOCK_FILE).write_text(json.dumps(left))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        assert main(["sweep", str(path), "--out", str(out), "--report"]) == 0
+    assert (f"the sweep of PID {gone.pid} on host {socket.gethostname()}, started "
+            "2026-01-01T00:00:00+00:00 (fl-clusters sweep) ended without releasing it"
+            in caplog.text)
+    assert (out / "table.md").exists() and not (out / LOCK_FILE).exists()
+    # A lock another machine wrote is not taken over: it may still be running there.
+    (out / LOCK_FILE).write_text(json.dumps({**left, "host": "gpu-node-7"}))
+    capsys.readouterr()
+    assert main(["sweep", str(path), "--out", str(out), "--report"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"names the sweep of PID {gone.pid} on host gpu-node-7" in line
+    assert line.endswith("another machine's; delete the file once that sweep has stopped")
+    assert (out / LOCK_FILE).exists()

@@ -4,6 +4,7 @@
 - :mod:`~fl_clusters.sweep.runner`: run the cells on one Ray session, resumably.
 - :mod:`~fl_clusters.sweep.report`: the table (CSV, Markdown) and plots.
 - :mod:`~fl_clusters.sweep.merge`: a folder of the same sweep from another machine.
+- :mod:`~fl_clusters.sweep.lock`: one sweep at a time writes a sweep's folder.
 - :mod:`~fl_clusters.sweep.provenance`: commit, machine and versions of every run.
 - :mod:`~fl_clusters.sweep.cli`: ``fl-clusters sweep`` and ``python -m fl_clusters.sweep``.
 

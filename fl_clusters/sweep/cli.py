@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_clusters.sweep.cells import Sweep
+from fl_clusters.sweep.lock import SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.runner import (
     RUNS_FILE,
     pending_cells,
@@ -94,21 +95,30 @@ def sweep_command(args: argparse.Namespace) -> int:
             print(f"{cell.key}  {state}  {cell.name}")
         print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
         return 0
-    if args.merge:
-        return _merge(sweep, folder, args.merge, console)
-    if args.report:
-        from fl_clusters.sweep.report import write_report
-
-        for path in write_report(sweep, read_runs(folder / RUNS_FILE), folder):
-            print(path)
-        return 0
     try:
+        if args.merge:
+            return _merge(sweep, folder, args.merge, console)
+        if args.report:
+            _report(sweep, folder)
+            return 0
         run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console,
                   only=only,
                   stop_after_s=None if args.stop_after is None else args.stop_after * 60)
     except SweepFileError as err:
         return _refuse(console, "bad sweep file", err)
+    except SweepFolderInUse as err:
+        return _refuse(console, "sweep folder in use", err)
     return 0
+
+
+def _report(sweep: Sweep, folder: Path) -> None:
+    """``--report``: rewrite the table and plots, holding the folder's lock."""
+    from fl_clusters.sweep.report import write_report
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with sweep_folder_lock(folder):
+        for path in write_report(sweep, read_runs(folder / RUNS_FILE), folder):
+            print(path)
 
 
 def _refuse(console: Any, what: str, error: Exception) -> int:
@@ -120,21 +130,26 @@ def _refuse(console: Any, what: str, error: Exception) -> int:
 
 
 def _merge(sweep: Sweep, folder: Path, others: list[Path], console: Any) -> int:
-    """``--merge``: add each folder's runs, say what was kept out, rewrite the report."""
+    """``--merge``: add each folder's runs, say what was kept out, rewrite the report.
+
+    The folder's lock is held throughout, as a sweep holds it.
+    """
     from fl_clusters.sweep.merge import MergeError, merge_runs
     from fl_clusters.sweep.report import write_report
 
-    for other in others:
-        try:
-            result = merge_runs(sweep, folder, other)
-        except MergeError as err:
-            return _refuse(console, "cannot merge", err)
-        print(f"{other}: {len(result.added)} runs added, {len(result.already_recorded)} "
-              f"already recorded here, {len(result.not_in_sweep)} not cells of "
-              f"{sweep.path} (left out)")
-        if result.not_in_sweep:
-            print("  left out: " + ", ".join(result.not_in_sweep))
-    write_report(sweep, read_runs(folder / RUNS_FILE), folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with sweep_folder_lock(folder):
+        for other in others:
+            try:
+                result = merge_runs(sweep, folder, other)
+            except MergeError as err:
+                return _refuse(console, "cannot merge", err)
+            print(f"{other}: {len(result.added)} runs added, {len(result.already_recorded)} "
+                  f"already recorded here, {len(result.not_in_sweep)} not cells of "
+                  f"{sweep.path} (left out)")
+            if result.not_in_sweep:
+                print("  left out: " + ", ".join(result.not_in_sweep))
+        write_report(sweep, read_runs(folder / RUNS_FILE), folder)
     print(f"table: {folder / 'table.md'}")
     return 0
 

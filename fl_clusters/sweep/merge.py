@@ -72,7 +72,8 @@ def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
     A run is added when its key is a cell of ``sweep`` and ``folder`` has no line
     for it, or only a failed one while ``other``'s run is ``ok`` (the later line is
     the one the table reads, as after ``--retry-failed``). The table and plots are
-    not rewritten here.
+    not rewritten here. The caller holds ``folder``'s lock
+    (:func:`fl_clusters.sweep.lock.sweep_folder_lock`).
 
     Parameters
     ----------

@@ -23,6 +23,7 @@ from typing import Any
 
 from fl_clusters.ray_pool import actors_kept_between_runs
 from fl_clusters.sweep.cells import Cell, Sweep, resolve_federation
+from fl_clusters.sweep.lock import sweep_folder_lock
 from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
 from fl_clusters.sweep.simulation import RaySession, output_to, simulate
 
@@ -230,49 +231,55 @@ def run_sweep(
 
     folder = sweep_folder(sweep, out)
     folder.mkdir(parents=True, exist_ok=True)
-    runs_path = folder / RUNS_FILE
-    runs = read_runs(runs_path)
-    todo = pending_cells(sweep, runs, retry_failed, only)
-    console = console or Console(file=sys.stderr)
-    (folder / SWEEP_COPY).write_text(sweep.text)
-    append_session(
-        folder / MANIFEST_FILE, sweep.name,
-        session_entry(command if command is not None else sys.argv, sweep.path,
-                      hashlib.sha256(sweep.text.encode()).hexdigest()),
-    )
-    console.print(
-        f"sweep {sweep.name}: {len(sweep.cells)} cells, "
-        f"{len(sweep.cells) - len(pending_cells(sweep, runs, retry_failed))} recorded, "
-        f"{len(todo)} to run{' (--only)' if only else ''}; results in {folder}",
-        markup=False, soft_wrap=True
-    )
-    if todo:
-        commit = git_state()
-        columns = (
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+    with sweep_folder_lock(folder):
+        runs_path = folder / RUNS_FILE
+        runs = read_runs(runs_path)
+        todo = pending_cells(sweep, runs, retry_failed, only)
+        console = console or Console(file=sys.stderr)
+        (folder / SWEEP_COPY).write_text(sweep.text)
+        append_session(
+            folder / MANIFEST_FILE, sweep.name,
+            session_entry(command if command is not None else sys.argv, sweep.path,
+                          hashlib.sha256(sweep.text.encode()).hexdigest()),
         )
-        with (RaySession() as ray_session, actors_kept_between_runs(),
-              Progress(*columns, console=console) as progress):
-            federation = resolve_federation(sweep.federation, ray_session.resources)
-            check_resources(sweep, federation, ray_session.resources)
-            task = progress.add_task(sweep.name, total=len(todo))
-            started = time.monotonic()
-            for done, cell in enumerate(todo):
-                if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
-                    progress.console.print(
-                        f"stopped after {stop_after_s / 60:g} min (--stop-after): "
-                        f"{len(todo) - done} of {len(todo)} runs not started; the same "
-                        "command runs them", markup=False, soft_wrap=True,
-                    )
-                    break
-                progress.update(task, description=cell.name)
-                line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
-                append_run(runs_path, line)
-                runs.append(line)
-                progress.console.print(_progress_line(line, cell), soft_wrap=True)
-                progress.advance(task)
-                write_report(sweep, runs, folder, plots=False)
-    write_report(sweep, runs, folder, plots=True)
-    console.print(f"table: {folder / 'table.md'}", markup=False)
+        unrecorded = len(pending_cells(sweep, runs, retry_failed))
+        # Failed runs count as recorded: a run that fails for a reason of its own
+        # (a timeout, a bad setting) fails again; say how to run them anyway.
+        failed = 0 if retry_failed else len(pending_cells(sweep, runs, True)) - unrecorded
+        console.print(
+            f"sweep {sweep.name}: {len(sweep.cells)} cells, "
+            f"{len(sweep.cells) - unrecorded} recorded"
+            + (f" ({failed} failed; --retry-failed runs them again)" if failed else "")
+            + f", {len(todo)} to run{' (--only)' if only else ''}; results in {folder}",
+            markup=False, soft_wrap=True
+        )
+        if todo:
+            commit = git_state()
+            columns = (
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+            )
+            with (RaySession() as ray_session, actors_kept_between_runs(),
+                  Progress(*columns, console=console) as progress):
+                federation = resolve_federation(sweep.federation, ray_session.resources)
+                check_resources(sweep, federation, ray_session.resources)
+                task = progress.add_task(sweep.name, total=len(todo))
+                started = time.monotonic()
+                for done, cell in enumerate(todo):
+                    if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
+                        progress.console.print(
+                            f"stopped after {stop_after_s / 60:g} min (--stop-after): "
+                            f"{len(todo) - done} of {len(todo)} runs not started; the same "
+                            "command runs them", markup=False, soft_wrap=True,
+                        )
+                        break
+                    progress.update(task, description=cell.name)
+                    line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
+                    append_run(runs_path, line)
+                    runs.append(line)
+                    progress.console.print(_progress_line(line, cell), soft_wrap=True)
+                    progress.advance(task)
+                    write_report(sweep, runs, folder, plots=False)
+        write_report(sweep, runs, folder, plots=True)
+        console.print(f"table: {folder / 'table.md'}", markup=False)
     return folder
