@@ -284,6 +284,11 @@ def test_a_run_past_its_timeout_is_recorded_failed(tmp_path: Path) -> None:
     (line,) = read_runs(folder / "runs.jsonl")
     assert line["status"] == "failed"
     assert "RunTimeoutError: the run took longer than run-timeout-s = 1 s" in line["error"]
+    # Started again, the sweep keeps the failed run and says how to run it again.
+    console = io.StringIO()
+    run_sweep(load_sweep(path), tmp_path / "out", console=Console(file=console))
+    assert "1 recorded (1 failed; --retry-failed runs them again), 0 to run" in console.getvalue()
+    assert len(read_runs(folder / "runs.jsonl")) == 1
 
 
 def test_stop_after_finishes_the_run_under_way_and_starts_no_other(
