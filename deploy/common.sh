@@ -107,6 +107,39 @@ wait_for_port() {
     return 1
 }
 
+# superlink_transport HOST:PORT: what answers there. "tls" when a TLS handshake
+# succeeds (the certificate is not checked here), "plain" when the connection is
+# accepted but the handshake is not, "none" when nothing accepts it, "unknown"
+# when it does not answer within 5 s. A SuperNode whose TLS setting differs from
+# its SuperLink's only logs "Connection attempt failed" until it gives up.
+superlink_transport() {
+    "$PYTHON" - "$1" <<'PY'
+import socket
+import ssl
+import sys
+
+host, _, port = sys.argv[1].rpartition(":")
+host = host.strip("[]")
+context = ssl.create_default_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+try:
+    connection = socket.create_connection((host, int(port)), timeout=5)
+except TimeoutError:
+    print("unknown")
+except (OSError, ValueError):
+    print("none")
+else:
+    try:
+        with context.wrap_socket(connection, server_hostname=host):
+            print("tls")
+    except TimeoutError:
+        print("unknown")
+    except OSError:
+        print("plain")
+PY
+}
+
 # descendants PID: every live descendant of PID, depth first. Flower's
 # SuperExec and app processes start their own sessions, so a process-group
 # kill would miss them; they are still our children in the process tree.

@@ -4,7 +4,7 @@
 #   deploy/flwr.sh [--state-dir DIR] <flwr arguments>
 #
 # Examples:
-#   deploy/flwr.sh run . fl-clusters --stream --run-config "num-rounds=5 min-nodes=3"
+#   deploy/flwr.sh run . fl-clusters --stream --run-config "num-rounds=5 min-nodes=4"
 #   deploy/flwr.sh supernode ls fl-clusters
 #   deploy/flwr.sh ls fl-clusters
 # Equivalent to `FLWR_HOME=deploy/.state/flwr-home flwr ...`; the user's own

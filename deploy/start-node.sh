@@ -18,15 +18,20 @@
 #                             (default fl_clusters.client.node_data:client_data_for)
 #   --run-config "k=v ..."    run-config overrides the check loads the data with
 #   --skip-check              start without the start-up check
+#   --connect-timeout S       give up when it has no SuperNode ID after S seconds
+#                             (default 60)
 #
 # The start-up check (deploy/check_node.py) loads this node's partition exactly
 # as its ClientApp will; a wrong partition id or missing data stops here, with a
-# message, instead of failing the run in round 1.
+# message, instead of failing the run in round 1. A SuperLink that speaks TLS
+# while this node would not (or the other way round) is found before the
+# SuperNode starts. A SuperNode that does not connect is stopped again, and the
+# message says why when Flower's logs do (an unregistered key, nothing listening).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
-    sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -43,6 +48,7 @@ app="$REPO_ROOT"
 loader=""
 run_config=""
 check=1
+connect_timeout=60
 while (($#)); do
     case "$1" in
         -h | --help) usage 0 ;;
@@ -59,11 +65,14 @@ while (($#)); do
         --loader) loader="$2"; shift ;;
         --run-config) run_config="$2"; shift ;;
         --skip-check) check=0 ;;
+        --connect-timeout) connect_timeout="$2"; shift ;;
         *) echo "unknown option: $1" >&2; usage 2 ;;
     esac
     shift
 done
 [[ -n "$partition_id" && -n "$num_partitions" ]] || usage 2
+[[ "$connect_timeout" =~ ^[1-9][0-9]*$ ]] ||
+    die "--connect-timeout must be a whole number of seconds > 0, got '$connect_timeout'"
 state_dir="$(abspath "$state_dir")"
 need_cmd flower-supernode "activate the venv that has flwr (or set FLC_VENV)"
 
@@ -84,12 +93,23 @@ if [[ -f "$pidfile" ]] && pid_alive "$(cat "$pidfile")"; then
     die "$name is already running (PID $(cat "$pidfile")); run deploy/stop.sh first"
 fi
 
+transport="$(superlink_transport "$superlink")"
+if ((insecure)) && [[ "$transport" == tls ]]; then
+    die "$name not started: the SuperLink at $superlink speaks TLS; pass --root-certificates" \
+        "(its CA certificate, ca.crt) and --key (a registered node key) instead of --insecure"
+fi
+if ((!insecure)) && [[ "$transport" == plain ]]; then
+    die "$name not started: the SuperLink at $superlink does not speak TLS (started with" \
+        "--insecure); pass --insecure, or restart the SuperLink with TLS"
+fi
+
 if ((check)); then
     check_args=(--app "$(abspath "$app")" --num-partitions "$num_partitions"
         --partition-id "$partition_id" --run-config "$run_config")
     [[ -n "$loader" ]] && check_args+=(--loader "$loader")
     "$PYTHON" "$DEPLOY_DIR/check_node.py" "${check_args[@]}" ||
-        die "$name not started: its start-up check failed (see above)"
+        die "$name not started: its start-up check failed (see above); --run-config" \
+            "gives it the data keys of the run you will submit"
 fi
 
 args=(--superlink "$superlink" --port "$port"
@@ -105,16 +125,48 @@ else
     args+=(--root-certificates "$root_cert" --auth-supernode-private-key "$key")
 fi
 
+# Why a SuperNode that got no SuperNode ID was refused, from what Flower logged.
+# Flower's SuperNode says only "Failed to activate SuperNode" for an unknown key;
+# the reason is in the SuperLink's log, which is here when the SuperLink was
+# started from this state directory.
+refusal_reason() {
+    local superlink_log="$state_dir/logs/superlink.log"
+    if grep -q "Failed to activate SuperNode" "$log"; then
+        if [[ "$superlink" == "${SUPERLINK_ADDRESS:-}" && -f "$superlink_log" ]] &&
+            tail -c "+$((superlink_log_size + 1))" "$superlink_log" |
+            grep -q "No SuperNode found with the given public key"; then
+            echo "the SuperLink refused its key (its log: \"No SuperNode found with the given" \
+                "public key\"); register $key.pub with deploy/register-nodes.sh"
+        else
+            echo "the SuperLink refused to activate it (Flower exit code 305), which it does" \
+                "for a public key it does not know: have $key.pub registered" \
+                "(deploy/register-nodes.sh; again after every SuperLink restart)"
+        fi
+    elif [[ "$transport" == none ]]; then
+        echo "nothing accepted a connection at $superlink: is the SuperLink running there," \
+            "and is its port open?"
+    elif grep -q "Connection attempt failed" "$log"; then
+        echo "every connection attempt to $superlink failed"
+    else
+        echo "it did not say why"
+    fi
+}
+
 mkdir -p "$state_dir/home/$name" "$state_dir/logs"
-: >"$state_dir/logs/$name.log"
+log="$state_dir/logs/$name.log"
+: >"$log"
+superlink_log_size="$(stat -c %s "$state_dir/logs/superlink.log" 2>/dev/null || echo 0)"
 # Each SuperNode gets its own FLWR_HOME: nodes on one machine would otherwise
 # unpack the same FAB into one folder at the same time.
 FLWR_HOME="$state_dir/home/$name" launch "$name" "$state_dir" flower-supernode "${args[@]}"
 pid=$LAUNCHED_PID
-# A refused key or an unreachable SuperLink ends the process within seconds;
-# report that here rather than leave a dead PID behind.
-if ! wait_for_log "$pid" "$state_dir/logs/$name.log" "SuperNode ID: [0-9]+" 60; then
-    die "$name (PID $pid) did not connect to $superlink (log: $state_dir/logs/$name.log)"
+# A refused key ends the process within seconds; a SuperLink that does not
+# answer leaves it retrying: either way it is stopped here, never left behind.
+if ! wait_for_log "$pid" "$log" "SuperNode ID: [0-9]+" "$connect_timeout"; then
+    reason="$(refusal_reason)"
+    "$DEPLOY_DIR/stop.sh" --state-dir "$state_dir" --only "$name" >/dev/null ||
+        warn "could not stop $name (PID $pid); run deploy/stop.sh --state-dir $state_dir"
+    die "$name (PID $pid, stopped) did not connect to $superlink: $reason (log: $log)"
 fi
-echo "$name PID $pid: $(grep -oE 'SuperNode ID: [0-9]+' "$state_dir/logs/$name.log" | tail -n 1)" \
-    "(log: $state_dir/logs/$name.log)"
+echo "$name PID $pid: $(grep -oE 'SuperNode ID: [0-9]+' "$log" | tail -n 1)" \
+    "(log: $log)"

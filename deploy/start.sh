@@ -4,7 +4,8 @@
 #   deploy/start.sh [options]
 #
 # Options:
-#   -n, --nodes N          SuperNodes to start; node i serves partition i of N (default 3)
+#   -n, --nodes N          SuperNodes to start; node i serves partition i of N (default 4,
+#                          the app's default num-clusters: one node per group at least)
 #   --insecure             no TLS, no SuperNode authentication (tests only; warns)
 #   --port PORT            SuperLink port (Fleet, Control and Runtime API; default 9093)
 #   --node-port-base PORT  SuperNode i's Runtime API listens on PORT+i (default 9200)
@@ -25,11 +26,11 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
-nodes=3
+nodes=4
 insecure=0
 port=9093
 node_port_base=9200
@@ -76,7 +77,9 @@ if ((check)); then
         --partition-id $(seq 0 $((nodes - 1))))
     [[ -n "$loader" ]] && check_args+=(--loader "$loader")
     "$PYTHON" "$DEPLOY_DIR/check_node.py" "${check_args[@]}" ||
-        die "nothing started: the SuperNodes' start-up check failed (see above)"
+        die "nothing started: the SuperNodes' start-up check failed (see above); it loads" \
+            "the data with the app's run config${run_config:+ and --run-config \"$run_config\"}: give" \
+            "--run-config the data keys of the run you will submit (e.g. \"num-clusters=2\")"
 fi
 
 # From here on, a failure stops whatever this script already started.
@@ -114,5 +117,5 @@ trap - ERR
 
 echo
 echo "deployment up: 1 SuperLink + $nodes SuperNodes; state in $state_dir"
-echo "submit a run:  deploy/flwr.sh${state_dir:+ --state-dir $state_dir} run . $connection --stream --run-config \"min-nodes=$nodes\""
+echo "submit a run:  deploy/flwr.sh${state_dir:+ --state-dir $state_dir} run . $connection --stream --run-config \"min-nodes=$nodes${run_config:+ $run_config}\""
 echo "stop it:       deploy/stop.sh --state-dir $state_dir"

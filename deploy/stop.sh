@@ -1,28 +1,31 @@
 #!/usr/bin/env bash
 # Stop every process the deploy/ scripts started from one state directory.
 #
-#   deploy/stop.sh [--state-dir DIR] [--timeout SECONDS]
+#   deploy/stop.sh [--state-dir DIR] [--timeout SECONDS] [--only NAME]
 #
-# Reads STATE/pids/*.pid, and stops exactly those processes and their
-# descendants (Flower's SuperExec and app processes start their own sessions,
-# so they are found through the process tree, not by process group or name).
-# SuperNodes go first, the SuperLink last. SIGTERM, then SIGKILL for whatever is
-# left after --timeout (default 15 s). Exits non-zero if any process survives.
+# Reads STATE/pids/*.pid (--only NAME: STATE/pids/NAME.pid alone), and stops
+# exactly those processes and their descendants (Flower's SuperExec and app
+# processes start their own sessions, so they are found through the process
+# tree, not by process group or name). SuperNodes go first, the SuperLink last.
+# SIGTERM, then SIGKILL for whatever is left after --timeout (default 15 s).
+# Exits non-zero if any process survives.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
 state_dir="$DEFAULT_STATE_DIR"
 timeout=15
+only=""
 while (($#)); do
     case "$1" in
         -h | --help) usage 0 ;;
         --state-dir) state_dir="$2"; shift ;;
         --timeout) timeout="$2"; shift ;;
+        --only) only="$2"; shift ;;
         *) echo "unknown option: $1" >&2; usage 2 ;;
     esac
     shift
@@ -37,10 +40,15 @@ fi
 # SuperNodes (and anything else) before the SuperLink, so that nodes do not
 # spend the shutdown retrying a vanished SuperLink.
 pidfiles=()
-for f in "$piddir"/*.pid; do
-    [[ "$(basename "$f")" == superlink.pid ]] || pidfiles+=("$f")
-done
-[[ -f "$piddir/superlink.pid" ]] && pidfiles+=("$piddir/superlink.pid")
+if [[ -n "$only" ]]; then
+    [[ -f "$piddir/$only.pid" ]] || die "no $only.pid in $piddir: nothing of that name to stop"
+    pidfiles=("$piddir/$only.pid")
+else
+    for f in "$piddir"/*.pid; do
+        [[ "$(basename "$f")" == superlink.pid ]] || pidfiles+=("$f")
+    done
+    [[ -f "$piddir/superlink.pid" ]] && pidfiles+=("$piddir/superlink.pid")
+fi
 
 roots=()
 tree=()
@@ -100,5 +108,7 @@ if [[ -n "$left" ]]; then
     die "processes survived SIGKILL: $(echo $left)"
 fi
 # Keep the logs for post-mortems; forget the PIDs, which are now meaningless.
-rm -f "$piddir"/*.pid "$piddir"/*.start
+for f in "${pidfiles[@]}"; do
+    rm -f "$f" "${f%.pid}.start"
+done
 echo "stopped ${#roots[@]} recorded process(es) and $((${#tree[@]} - ${#roots[@]})) descendant(s); logs kept in $state_dir/logs"

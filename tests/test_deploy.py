@@ -338,6 +338,23 @@ def test_unknown_run_config_key_fails_at_start_up(tmp_path: Path) -> None:
     assert "no-such-key" in result.stderr
 
 
+def test_a_supernode_that_does_not_connect_is_stopped_with_the_reason(tmp_path: Path) -> None:
+    """start-node.sh gives up on a SuperLink address nothing listens on, and stops the
+    SuperNode it started (it would otherwise retry in the background)."""
+    address = f"127.0.0.1:{free_port()}"
+    result = script(
+        "start-node.sh", "--state-dir", str(tmp_path), "--partition-id", "0",
+        "--num-partitions", "1", "--insecure", "--superlink", address,
+        "--port", str(free_port()), "--skip-check", "--connect-timeout", "5",
+    )
+    assert result.returncode != 0
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert f"did not connect to {address}: nothing accepted a connection at {address}" in line
+    pid = int(line.split("(PID ")[1].split(",")[0])
+    assert not pid_alive(pid), "the SuperNode outlived start-node.sh"
+    assert not list(tmp_path.glob("pids/*.pid"))
+
+
 def test_stop_without_deployment_is_a_no_op(tmp_path: Path) -> None:
     result = script("stop.sh", "--state-dir", str(tmp_path))
     assert result.returncode == 0
@@ -442,6 +459,21 @@ def test_secure_loopback_deployment_runs_ifca(tmp_path: Path, deployment_factory
     assert "Failed to activate SuperNode" in rogue_log
     superlink_log = (deployment.state_dir / "logs" / "superlink.log").read_text()
     assert "No SuperNode found with the given public key" in superlink_log
+    # start-node.sh names the reason Flower's SuperNode does not give, and the fix.
+    assert ('the SuperLink refused its key (its log: "No SuperNode found with the given '
+            f'public key"); register {rogue_keys / "node-0"}.pub with '
+            "deploy/register-nodes.sh") in rogue.stderr, rogue.stderr
+    assert not (deployment.state_dir / "pids" / "rogue.pid").exists()
+    # A SuperNode without TLS is told the SuperLink speaks TLS, and is not started.
+    plain = script(
+        "start-node.sh", "--state-dir", str(deployment.state_dir), "--name", "plain",
+        "--partition-id", "0", "--num-partitions", "3", "--insecure",
+        "--port", str(free_port()), "--skip-check",
+    )
+    assert plain.returncode != 0
+    assert (f"plain not started: the SuperLink at 127.0.0.1:{deployment.port} speaks TLS; "
+            "pass --root-certificates") in plain.stderr, plain.stderr
+    assert not (deployment.state_dir / "pids" / "plain.pid").exists()
     nodes = deployment.online_nodes()
     assert len(nodes) == 3
     assert all(node["status"] == "online" for node in nodes)
