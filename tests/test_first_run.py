@@ -235,7 +235,7 @@ def test_two_nodes_for_four_clusters_stop_before_round_1_as_a_failed_run(
                   "num-supernodes=2 client-resources-num-cpus=1")
     problem = the_problem_line(output)
     assert "IFCA needs at least 4 nodes" in problem
-    assert "num-supernodes=20" in problem and "ifca-init='random'" in problem
+    assert "num-supernodes=4" in problem and "ifca-init='random'" in problem
     runs = json.loads(flwr(app, env, "ls", "--format", "json"))["runs"]
     assert [run["status"] for run in runs] == ["finished:failed"]
     assert "IFCA needs at least 4 nodes" in runs[0]["status-details"]
