@@ -103,12 +103,35 @@ def sweep_command(args: argparse.Namespace) -> int:
             print(path)
         return 0
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return _refuse(console, "cannot write the sweep's folder",
+                       f"{folder}: {err.strerror or err}; name a folder you can write with --out")
+    recorded = len(read_runs(folder / RUNS_FILE))
+    try:
         run_sweep(sweep, args.out, args.retry_failed, command=sys.argv, console=console,
                   only=only,
                   stop_after_s=None if args.stop_after is None else args.stop_after * 60)
     except SweepFileError as err:
         return _refuse(console, "bad sweep file", err)
-    return 0
+    return _failed_runs_status(console, read_runs(folder / RUNS_FILE)[recorded:])
+
+
+def _failed_runs_status(console: Any, ran: list[dict[str, Any]]) -> int:
+    """The exit status after running ``ran`` (their lines): 1, said in one line, if one failed.
+
+    A failed run is recorded and skipped by the next plain start, so a script that
+    runs the sweep must learn it from the exit status.
+    """
+    failed = [line for line in ran if line["status"] != "ok"]
+    if not failed:
+        return 0
+    console.print(
+        f"{len(failed)} of {len(ran)} runs failed (their logs: "
+        f"{', '.join(line['log'] for line in failed[:3])}{' ...' if len(failed) > 3 else ''}); "
+        "--retry-failed runs them again", markup=False, soft_wrap=True, highlight=False,
+    )
+    return 1
 
 
 def _refuse(console: Any, what: str, error: Exception) -> int:
