@@ -187,8 +187,7 @@ def create_results_folder(settings: Mapping[str, Any]) -> Path:
     except OSError as err:
         raise ConfigurationError(
             f"results-dir: cannot write the results folder {folder} ({err.strerror or err}); "
-            f"set results-dir to a folder you can write, e.g. --run-config "
-            f"\"results-dir='{Path.cwd() / 'results'}'\""
+            "set the run-config key results-dir to a folder you can write"
         ) from err
     return folder
 

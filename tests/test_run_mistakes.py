@@ -66,7 +66,7 @@ def test_an_unwritable_results_dir_is_refused_before_any_node_is_asked(tmp_path:
     results = tmp_path / "a-file" / "results"
     line, grid = _refused({"results-dir": str(results)})
     assert line.startswith(f"fl-clusters: results-dir: cannot write the results folder {results}/")
-    assert "set results-dir to a folder you can write" in line
+    assert "set the run-config key results-dir to a folder you can write" in line
     assert grid.asked == 0
 
 
