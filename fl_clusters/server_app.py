@@ -106,11 +106,15 @@ def check_can_start(
     problem = strategy.federation_problem(len(nodes))
     if problem is not None:
         raise ConfigurationError(problem)
+    def name(node: int) -> str:
+        partition = identities.partitions.get(node)
+        return f"node {node}" if partition is None else f"partition {partition}"
+
     if nodes and len(identities.startup_problems) == len(nodes):
         node, reason = sorted(identities.startup_problems.items())[0]
-        raise ConfigurationError(f"no node can take part; node {node} said: {reason}")
+        raise ConfigurationError(f"no node can take part; {name(node)} said: {reason}")
     for node, reason in sorted(identities.startup_problems.items()):
-        log(WARNING, "node %d cannot take part: %s", node, reason)
+        log(WARNING, "%s cannot take part: %s", name(node), reason)
 
 
 def build_configured_strategy(settings: Mapping[str, Any]) -> ServerStrategy:

@@ -133,8 +133,9 @@ def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
     # Every node says so at the handshake: the run stops before round 1.
     with pytest.raises(ConfigurationError) as stop:
         check_can_start(IFCA(num_clusters=2), [1, 2, 3],
-                        NodeIdentities(startup_problems=reasons))
-    assert "no node can take part" in _one_line(stop.value)
+                        NodeIdentities(startup_problems=reasons, partitions={1: 0, 2: 1, 3: 2}))
+    assert _one_line(stop.value).startswith(
+        "fl-clusters: no node can take part; partition 0 said: client ")
 
 
 @pytest.mark.slow
