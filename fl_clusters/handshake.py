@@ -21,11 +21,11 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.client_errors import client_error_message
 
 KEY_FIELD = p.MetricField(integer=True, low=0.0)
 GROUP_FIELD = p.MetricField(integer=True, low=0.0, required=False)
-# What Flower's ClientAppException puts before the client's own message.
-CLIENT_MESSAGE_MARKER = "Message: "
+PARTITION_FIELD = p.MetricField(integer=True, low=0.0, required=False)
 
 
 @dataclass
@@ -43,22 +43,16 @@ class NodeIdentities:
     startup_problems : dict[int, str]
         Node id -> why the node cannot take part, as its app said (its data set
         is missing...).
+    partitions : dict[int, int]
+        Node id -> the ``partition-id`` of its node config, for the nodes that
+        reported one (to name nodes in the log).
     """
 
     keys: dict[int, int | None] = field(default_factory=dict)
     groups: dict[int, int] = field(default_factory=dict)
     problems: dict[int, str] = field(default_factory=dict)
     startup_problems: dict[int, str] = field(default_factory=dict)
-
-
-def client_error_message(reason: str) -> str:
-    """The client's own exception message out of Flower's error reason.
-
-    Flower wraps it as ``<class ...>:<'... Message: <text>'>``; in simulation the
-    reason also carries Ray's whole remote traceback before that last part.
-    """
-    text = reason.rsplit(CLIENT_MESSAGE_MARKER, 1)[-1]
-    return text.removesuffix("'>").strip()
+    partitions: dict[int, int] = field(default_factory=dict)
 
 
 def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> NodeIdentities:
@@ -105,6 +99,10 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
             metrics, p.M_TRUE_GROUP, GROUP_FIELD  # type: ignore[arg-type]
         ) is None:
             found.groups[node] = int(metrics[p.M_TRUE_GROUP])  # type: ignore[index,arg-type]
+        if p.M_PARTITION_ID in metrics and p.field_problem(
+            metrics, p.M_PARTITION_ID, PARTITION_FIELD  # type: ignore[arg-type]
+        ) is None:
+            found.partitions[node] = int(metrics[p.M_PARTITION_ID])  # type: ignore[index,arg-type]
     for node, problem in sorted(found.problems.items()):
         log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
             "random node id, so runs with it may not repeat", node, problem)
@@ -126,11 +124,19 @@ class NodeRegistry:
     started : bool
         Whether the strategy's start-up handshake ran: from then on a node not
         seen before is asked for its key when the strategy lists it.
+    partitions : dict[int, int]
+        Node id -> ``partition-id``, for the nodes whose node config has one.
     """
 
     def __init__(self) -> None:
         self.keys: dict[int, int | None] = {}
         self.started = False
+        self.partitions: dict[int, int] = {}
+
+    def describe(self, node: int) -> str:
+        """How the log names ``node``: its partition where known (ids are random per run)."""
+        partition = self.partitions.get(node)
+        return f"node {node}" if partition is None else f"partition {partition}"
 
     def order(self, node: int) -> tuple[int, int, int]:
         """Sort key of ``node``: its stable key, then (for nodes without one) its id."""
@@ -146,8 +152,9 @@ class NodeRegistry:
         return sorted(replies, key=lambda m: self.order(m.metadata.src_node_id))
 
     def adopt(self, identities: NodeIdentities) -> None:
-        """Keep the keys the handshake found (:func:`identify_nodes`)."""
+        """Keep the keys and partitions the handshake found (:func:`identify_nodes`)."""
         self.keys.update(identities.keys)
+        self.partitions.update(identities.partitions)
 
     def learn(self, grid: Grid, nodes: Iterable[int], timeout: float | None) -> int:
         """Ask the nodes of ``nodes`` not known yet for their key.

@@ -85,6 +85,9 @@ M_STEPS_DONE = "local-steps-done"
 # identity, optional: the node's ground-truth group, for progress lines only (no
 # strategy reads it)
 M_TRUE_GROUP = "true-cluster"
+# identity, optional: the node config's partition-id, which names the node in the
+# server's log (node ids are random per run)
+M_PARTITION_ID = "partition-id"
 # identity, optional: a config record whose "message" says why the node cannot take
 # part (its data set is missing...); the node still answers, so the server can tell
 # this from an app that lacks the handler

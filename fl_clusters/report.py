@@ -12,6 +12,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.client_errors import describe_error
 from fl_clusters.placement import PLACEMENT
 from fl_clusters.strategies.interface import ServerStrategy
 
@@ -73,7 +74,8 @@ def report_row(
     """One node's report as a row of the results, or ``None`` (logged) if unusable."""
     node = reply.metadata.src_node_id
     if reply.has_error():
-        log(WARNING, "report: node %d failed: %s", node, reply.error.reason)
+        source = strategy.nodes.describe(node)
+        log(WARNING, "report: %s failed: %s", source, describe_error(reply.error.reason, source))
         return None
     metrics = reply.content.metric_records.get(p.METRICS)
     problem = f"no '{p.METRICS}' record" if metrics is None else p.check_metrics(metrics, fields)

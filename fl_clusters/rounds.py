@@ -21,6 +21,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fl_clusters import protocol as p
 from fl_clusters.checkpoint import CHECKPOINT_FILE, Checkpoint
+from fl_clusters.client_errors import describe_error
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.strategies.evaluation import per_cluster_evaluate
 from fl_clusters.strategies.interface import ServerStrategy
@@ -216,8 +217,9 @@ class CheckpointedRounds(Strategy):
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                log(WARNING, "checkpoint: node %d did not send its kept state (%s); resumed, "
-                    "it starts without it", node, reply.error.reason)
+                source = self.strategy.nodes.describe(node)
+                log(WARNING, "checkpoint: %s did not send its kept state (%s); resumed, it "
+                    "starts without it", source, describe_error(reply.error.reason, source))
             elif keys.get(node) is None:
                 log(WARNING, "checkpoint: node %d has no stable key; its kept state cannot be "
                     "given back to it after a resume", node)

@@ -9,6 +9,7 @@ and what is written and printed :mod:`fl_clusters.results`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -23,9 +24,11 @@ from flwr.serverapp.strategy import Result
 
 from fl_clusters import protocol as p
 from fl_clusters.checkpoint import Checkpoint
+from fl_clusters.client_errors import forget_shown
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.errors import ConfigurationError, report_configuration_errors_in_one_line
+from fl_clusters.flower_log import log_client_errors_in_one_line
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.handshake import NodeIdentities, identify_nodes
 from fl_clusters.models import build_model, model_to_arrays
@@ -103,11 +106,15 @@ def check_can_start(
     problem = strategy.federation_problem(len(nodes))
     if problem is not None:
         raise ConfigurationError(problem)
+    def name(node: int) -> str:
+        partition = identities.partitions.get(node)
+        return f"node {node}" if partition is None else f"partition {partition}"
+
     if nodes and len(identities.startup_problems) == len(nodes):
         node, reason = sorted(identities.startup_problems.items())[0]
-        raise ConfigurationError(f"no node can take part; node {node} said: {reason}")
+        raise ConfigurationError(f"no node can take part; {name(node)} said: {reason}")
     for node, reason in sorted(identities.startup_problems.items()):
-        log(WARNING, "node %d cannot take part: %s", node, reason)
+        log(WARNING, "%s cannot take part: %s", name(node), reason)
 
 
 def build_configured_strategy(settings: Mapping[str, Any]) -> ServerStrategy:
@@ -161,6 +168,45 @@ def results_folder(settings: Mapping[str, Any]) -> Path:
     """A new results folder's path: time stamp, strategy, and a random suffix."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path(settings["results-dir"]) / f"{stamp}-{settings['strategy']}-{uuid.uuid4().hex[:6]}"
+
+
+def create_results_folder(settings: Mapping[str, Any]) -> Path:
+    """Create the run's results folder and check that it takes files, before any round.
+
+    Everything a run writes (checkpoints, results, plots, a strategy's own files)
+    goes there; a folder found unwritable only when the first of them is written
+    would cost every round run until then.
+
+    Raises
+    ------
+    ConfigurationError
+        If the folder cannot be created or written, naming it and the fix.
+    """
+    folder = results_folder(settings)
+    probe = folder / ".write-check"
+    try:
+        folder.mkdir(parents=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigurationError(
+            f"results-dir: cannot write the results folder {folder} ({err.strerror or err}); "
+            "set the run-config key results-dir to a folder you can write"
+        ) from err
+    return folder
+
+
+def load_checkpoint(settings: Mapping[str, Any]) -> Checkpoint:
+    """The checkpoint ``resume-from`` names; one that cannot be resumed is a configuration error.
+
+    Its message already names the file and what to change, so it ends the run in
+    one line like any other configuration error.
+    """
+    try:
+        return Checkpoint.load(settings["resume-from"], settings)
+    except (ValueError, OSError) as err:
+        message = str(err) if isinstance(err, ValueError) else f"resume-from: {err}"
+        raise ConfigurationError(message) from err
 
 
 def start_up(
@@ -227,13 +273,25 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
     (:mod:`fl_clusters.checkpoint`) and writes a new results folder.
     """
     start = time.time()
-    # A bad resume-from fails before any wait for nodes.
-    resumed = None
-    if settings["resume-from"]:
-        resumed = Checkpoint.load(settings["resume-from"], settings)
+    # A bad resume-from or results-dir fails before any wait for nodes.
+    resumed = load_checkpoint(settings) if settings["resume-from"] else None
+    folder = create_results_folder(settings)
+    try:
+        return _run_into(folder, grid, settings, resumed, start)
+    except BaseException:
+        # A failed run leaves no results folder, unless it holds a checkpoint to resume.
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        raise
+
+
+def _run_into(
+    folder: Path, grid: Grid, settings: Mapping[str, Any], resumed: Checkpoint | None,
+    start: float,
+) -> Path:
+    """:func:`run_federation` once its results folder exists."""
     metered = MeteredGrid(grid, settings["max-in-flight"] or None)
     strategy, nodes, identities = start_up(metered, settings, resumed)
-    folder = results_folder(settings)
     # Time left comes from the rounds this process ran: a resumed run's earlier
     # rounds have no time here.
     progress = RoundProgress(settings["num-rounds"], identities.groups)
@@ -279,6 +337,8 @@ def build_server_app(
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         report_configuration_errors_in_one_line()
+        log_client_errors_in_one_line()
+        forget_shown()
         settings = parse_run_config({**context.run_config, **(overrides or {})})
         if prepare_grid is not None:
             prepare_grid(grid)

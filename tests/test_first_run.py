@@ -235,7 +235,7 @@ def test_two_nodes_for_four_clusters_stop_before_round_1_as_a_failed_run(
                   "num-supernodes=2 client-resources-num-cpus=1")
     problem = the_problem_line(output)
     assert "IFCA needs at least 4 nodes" in problem
-    assert "num-supernodes=20" in problem and "ifca-init='random'" in problem
+    assert "num-supernodes=4" in problem and "ifca-init='random'" in problem
     runs = json.loads(flwr(app, env, "ls", "--format", "json"))["runs"]
     assert [run["status"] for run in runs] == ["finished:failed"]
     assert "IFCA needs at least 4 nodes" in runs[0]["status-details"]
@@ -283,3 +283,24 @@ def test_a_run_starts_its_own_loopback_ray_unless_a_cluster_is_named(monkeypatch
     start_own_ray_unless_a_cluster_is_named()
     assert os.environ["RAY_ADDRESS"] == "127.0.0.9:6379"
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in os.environ
+
+
+def _make_run_filter() -> str:
+    """The Makefile's RUN_OUTPUT_FILTER, as the shell gets it."""
+    text = (ROOT / "Makefile").read_text()
+    start = text.index("RUN_OUTPUT_FILTER := ") + len("RUN_OUTPUT_FILTER := ")
+    end = text.index("\n\n", start)
+    return text[start:end].replace("\\\n", "").replace("$$", "$")
+
+
+@pytest.mark.parametrize(("output", "status"), [
+    ("INFO :      Starting run\nround  1/2 ...\nresults: results/x\n", 0),
+    # The ServerApp raised (or Flower lost it): no results line.
+    ("INFO :      Starting run\nround  1/2 ...\nERROR :     ServerApp raised\n", 1),
+])
+def test_make_run_fails_without_the_results_line(output: str, status: int) -> None:
+    result = subprocess.run(["bash", "-c", _make_run_filter()], input=output, text=True,
+                            capture_output=True)
+    assert result.returncode == status
+    assert ("make run: the run failed" in result.stderr) == (status == 1)
+    assert result.stdout == output

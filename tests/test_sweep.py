@@ -277,18 +277,35 @@ def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_on
     assert {"flwr", "torch"} <= set(session["versions"])
 
 
-def test_a_run_past_its_timeout_is_recorded_failed(tmp_path: Path) -> None:
+def test_a_run_past_its_timeout_is_recorded_failed_and_the_command_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "timeout.toml"
     path.write_text("run-timeout-s = 1\n" + TINY_BASE + '[grid]\nstrategy = ["fedavg"]\n')
-    folder = run_sweep(load_sweep(path), tmp_path / "out", console=Console(file=io.StringIO()))
+    folder = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(folder)]) == 1
     (line,) = read_runs(folder / "runs.jsonl")
     assert line["status"] == "failed"
     assert "RunTimeoutError: the run took longer than run-timeout-s = 1 s" in line["error"]
-    # Started again, the sweep keeps the failed run and says how to run it again.
-    console = io.StringIO()
-    run_sweep(load_sweep(path), tmp_path / "out", console=Console(file=console))
-    assert "1 recorded (1 failed; --retry-failed runs them again), 0 to run" in console.getvalue()
+    assert f"1 of 1 runs failed (their logs: {line['log']})" in capsys.readouterr().err
+    # Started again, the sweep keeps the failed run, says how to run it again, and
+    # runs nothing: no run of this command failed.
+    assert main(["sweep", str(path), "--out", str(folder)]) == 0
+    assert "1 recorded (1 failed; --retry-failed runs them again), 0 to run" in (
+        capsys.readouterr().err)
     assert len(read_runs(folder / "runs.jsonl")) == 1
+
+
+def test_a_sweep_folder_that_cannot_be_written_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_BASE + '[grid]\nstrategy = ["fedavg"]\n')
+    (tmp_path / "a-file").write_text("")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "a-file" / "out")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("cannot write the sweep's folder")
+    assert "a-file/out" in line and "--out" in line
 
 
 def test_stop_after_finishes_the_run_under_way_and_starts_no_other(

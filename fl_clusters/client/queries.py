@@ -198,6 +198,8 @@ def identity_reply(message: Message, context: Context, group: int | None = None)
     metrics = MetricRecord({p.M_NODE_KEY: node_key(context)})
     if group is not None:
         metrics[p.M_TRUE_GROUP] = int(group)
+    if "partition-id" in context.node_config:
+        metrics[p.M_PARTITION_ID] = int(context.node_config["partition-id"])
     return reply(message, metrics)
 
 

@@ -161,7 +161,12 @@ def _check_groups(dataset: ImageDataset, num_clients: int, spec: PartitionSpec) 
     if spec.structure in HARD_STRUCTURES and spec.num_groups > num_clients:
         raise ValueError(
             f"num_groups={spec.num_groups} exceeds num_clients={num_clients}; with structure "
-            f"{spec.structure!r} every group needs a client: use num_groups <= num_clients"
+            f"{spec.structure!r} every group needs a client. Fix: run at least "
+            f"{spec.num_groups} clients (simulation: --federation-config "
+            f"\"num-supernodes={spec.num_groups}\"; deployment: deploy/start.sh -n "
+            f"{spec.num_groups}), or fewer groups (run-config num-groups, which defaults to "
+            f"num-clusters: e.g. --run-config \"num-clusters={num_clients}\", also to "
+            f"deploy/start.sh)"
         )
     permutations = math.factorial(dataset.num_classes)
     if spec.structure in PERMUTATION_STRUCTURES and spec.num_groups > permutations:

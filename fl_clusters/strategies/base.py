@@ -216,7 +216,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """
         if fields is None:
             fields = p.TRAIN_FIELDS if trains else {}
-        valid, reasons = validate_replies(replies, reference, stage, fields)
+        valid, reasons = validate_replies(replies, reference, stage, fields, self.nodes.describe)
         self.rejected_replies += len(reasons)
         # Replies arrive in any order; a fixed order makes every sum (and result) repeat.
         valid.sort(key=lambda m: self.node_order(m.metadata.src_node_id))

@@ -8,7 +8,7 @@ training rounds count towards :func:`count_failed_round`'s limit.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 
 import numpy as np
@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.common.logger import log
 
 from fl_clusters import protocol as p
+from fl_clusters.client_errors import describe_error
 from fl_clusters.clustering import model_updates, weighted_average
 
 # Reasons quoted in the error that stops a run; the rest are counted.
@@ -23,9 +24,12 @@ SHOWN_REASONS = 10
 
 
 def reply_problem(
-    msg: Message, reference: ArrayRecord | None, fields: Mapping[str, p.MetricField]
+    msg: Message,
+    reference: ArrayRecord | None,
+    fields: Mapping[str, p.MetricField],
+    source: str | None = None,
 ) -> str | None:
-    """Why ``msg`` cannot be used, or ``None`` when it can.
+    """Why ``msg`` cannot be used (one line), or ``None`` when it can.
 
     Parameters
     ----------
@@ -36,9 +40,13 @@ def reply_problem(
         the reply carries no model.
     fields : Mapping[str, MetricField]
         Metrics the caller reads besides ``num-examples``.
+    source : str | None
+        How the log names the sender (``node <id>`` when ``None``); a client
+        error's whole text is logged under it once per distinct error
+        (:func:`~fl_clusters.client_errors.show_once`).
     """
     if msg.has_error():
-        return f"client error ({msg.error.reason})"
+        return describe_error(msg.error.reason, source or f"node {msg.metadata.src_node_id}")
     metrics = msg.content.metric_records.get(p.METRICS)
     if metrics is None:
         return f"no '{p.METRICS}' record"
@@ -56,6 +64,7 @@ def validate_replies(
     reference: ArrayRecord | None,
     stage: str,
     fields: Mapping[str, p.MetricField],
+    describe: Callable[[int], str] | None = None,
 ) -> tuple[list[Message], list[str]]:
     """Split ``replies`` into the usable ones and the reasons of the others, logging both.
 
@@ -69,22 +78,26 @@ def validate_replies(
         Name used in the log lines.
     fields : Mapping[str, MetricField]
         See :func:`reply_problem`.
+    describe : Callable[[int], str] | None
+        How the log names a node (``node <id>`` when ``None``), e.g.
+        :meth:`~fl_clusters.handshake.NodeRegistry.describe`.
 
     Returns
     -------
     tuple
         ``(valid, reasons)``: the usable replies in arrival order, and one
-        ``"node <id>: <why>"`` per rejected reply.
+        ``"<node>: <why>"`` per rejected reply.
     """
     valid: list[Message] = []
     reasons: list[str] = []
     replies = list(replies)
     for msg in replies:
         node = msg.metadata.src_node_id
-        reason = reply_problem(msg, reference, fields)
+        source = describe(node) if describe is not None else f"node {node}"
+        reason = reply_problem(msg, reference, fields, source)
         if reason is not None:
-            reasons.append(f"node {node}: {reason}")
-            log(WARNING, "%s: rejected reply from node %d: %s", stage, node, reason)
+            reasons.append(f"{source}: {reason}")
+            log(WARNING, "%s: rejected reply from %s: %s", stage, source, reason)
             continue
         valid.append(msg)
     log(INFO, "%s: %d valid replies, %d rejected", stage, len(valid), len(replies) - len(valid))

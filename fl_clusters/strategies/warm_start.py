@@ -9,6 +9,7 @@ model, k-means groups their models, and cluster j starts from group j's models
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -45,12 +46,32 @@ def kmeans_start_problem(
     sampled = max(1, round(num_nodes * fraction))
     if init != "local-kmeans" or sampled >= num_clusters:
         return None
+    needed = nodes_sampling(num_clusters, fraction)
+    more = (
+        "raise fraction-train (it samples one node at 0)" if needed is None
+        else f"run {needed} nodes or more (simulation: flwr run . --federation-config "
+        f"\"num-supernodes={needed}\"; deployment: {needed} SuperNodes, deploy/start.sh -n "
+        f"{needed})"
+    )
     return (
         f"{name} needs at least {num_clusters} nodes in its first training round (k-means "
         f"groups one local model per node into {num_clusters} clusters), but the federation "
-        f"has {num_nodes} node(s) and the round samples {sampled}. Fix: run more nodes "
-        f"(flwr run . --federation-config \"num-supernodes=20\"), lower num-clusters, or {fix}"
+        f"has {num_nodes} node(s) and the round samples {sampled}. Fix: {more}, lower "
+        f"num-clusters (--run-config \"num-clusters=...\"), or {fix}"
     )
+
+
+def nodes_sampling(count: int, fraction: float) -> int | None:
+    """The fewest nodes of which sampling ``fraction`` draws ``count`` (as the strategies do).
+
+    ``None`` when no number of nodes does: a fraction of 0 samples one node.
+    """
+    if fraction <= 0.0:
+        return None if count > 1 else 1
+    nodes = max(count, math.floor((count - 0.5) / fraction))
+    while max(1, round(nodes * fraction)) < count:
+        nodes += 1
+    return nodes
 
 
 def warm_start_messages(

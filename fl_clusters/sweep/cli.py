@@ -96,6 +96,12 @@ def sweep_command(args: argparse.Namespace) -> int:
         print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
         return 0
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return _refuse(console, "cannot write the sweep's folder",
+                       f"{folder}: {err.strerror or err}; name a folder you can write with --out")
+    recorded = len(read_runs(folder / RUNS_FILE))
+    try:
         if args.merge:
             return _merge(sweep, folder, args.merge, console)
         if args.report:
@@ -108,7 +114,24 @@ def sweep_command(args: argparse.Namespace) -> int:
         return _refuse(console, "bad sweep file", err)
     except SweepFolderInUse as err:
         return _refuse(console, "sweep folder in use", err)
-    return 0
+    return _failed_runs_status(console, read_runs(folder / RUNS_FILE)[recorded:])
+
+
+def _failed_runs_status(console: Any, ran: list[dict[str, Any]]) -> int:
+    """The exit status after running ``ran`` (their lines): 1, said in one line, if one failed.
+
+    A failed run is recorded and skipped by the next plain start, so a script that
+    runs the sweep must learn it from the exit status.
+    """
+    failed = [line for line in ran if line["status"] != "ok"]
+    if not failed:
+        return 0
+    console.print(
+        f"{len(failed)} of {len(ran)} runs failed (their logs: "
+        f"{', '.join(line['log'] for line in failed[:3])}{' ...' if len(failed) > 3 else ''}); "
+        "--retry-failed runs them again", markup=False, soft_wrap=True, highlight=False,
+    )
+    return 1
 
 
 def _report(sweep: Sweep, folder: Path) -> None:
