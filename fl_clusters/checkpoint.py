@@ -25,7 +25,8 @@ The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code:
 
 Reading it rebuilds the strategy from the checkpoint's run config, as the run
 built it, and sets back the attributes it kept; nested objects are created only
-for classes of fl-clusters' own modules, without calling their constructors. A
+for classes of fl-clusters' own modules, found among the modules already imported
+(reading imports nothing), without calling their constructors. A
 file that fails any check (zip structure, part checksums, format version, tree)
 is refused whole with one line naming the file and the damage.
 """
@@ -35,12 +36,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import importlib
 import io
 import json
 import math
 import random
 import struct
+import sys
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -84,8 +85,7 @@ PICKLE_PROTOCOLS = range(2, 6)
 ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError,
               ValueError, NotImplementedError, RuntimeError, struct.error, OverflowError)
 # What a malformed tree raises while it is rebuilt.
-TREE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError,
-               OverflowError, ImportError)
+TREE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError)
 
 
 class DamagedCheckpoint(Exception):
@@ -142,22 +142,20 @@ def qualified_name(cls: type) -> str:
 def own_class(name: str) -> type:
     """The fl-clusters class ``name`` (``module:qualname``) names.
 
-    Only modules of the ``fl_clusters`` package are imported: a file cannot make
-    the reader import anything else.
+    Only modules of the ``fl_clusters`` package already imported are searched, by
+    their namespace: reading a file imports nothing and runs no module code.
 
     Raises
     ------
     DamagedCheckpoint
-        If ``name`` is not a class of an fl-clusters module.
+        If ``name`` is not a class of an imported fl-clusters module.
     """
     module_name, _, qualname = name.partition(":")
-    if not module_name.startswith("fl_clusters.") or not qualname:
-        raise DamagedCheckpoint(f"its state names class {name!r}, not one of fl-clusters'")
-    found: Any = importlib.import_module(module_name)
+    found: Any = sys.modules.get(module_name) if module_name.startswith("fl_clusters.") else None
     for part in qualname.split("."):
-        found = getattr(found, part)
+        found = vars(found).get(part) if hasattr(found, "__dict__") else None
     if not isinstance(found, type) or found.__module__ != module_name:
-        raise DamagedCheckpoint(f"its state names {name!r}, which is not an fl-clusters class")
+        raise DamagedCheckpoint(f"its state names class {name!r}, not one of fl-clusters'")
     return found
 
 

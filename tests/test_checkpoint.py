@@ -12,6 +12,7 @@ import pickle
 import random
 import signal
 import struct
+import sys
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -294,17 +295,22 @@ def test_a_checkpoint_of_another_format_version_is_refused(tmp_path: Path) -> No
     assert "not an fl-clusters checkpoint" in _refusal(path, written.settings)
 
 
-def test_a_state_naming_a_class_outside_fl_clusters_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("forged", ["antigravity:geohash", "fl_clusters.sweep.__main__:main"])
+def test_a_state_naming_a_class_outside_fl_clusters_is_refused_unimported(
+    tmp_path: Path, forged: str
+) -> None:
     written = _rich_checkpoint()
     path = written.write(tmp_path)
     with zipfile.ZipFile(path) as archive:
         manifest, state = json.loads(archive.read(MANIFEST)), archive.read(STATE)
-    # A file whose checksums were recomputed: the classes it names are still checked.
-    forged = state.replace(b'"fl_clusters.handshake:NodeRegistry"', b'"subprocess:Popen"')
-    assert forged != state
-    manifest["sha256"][STATE] = hashlib.sha256(forged).hexdigest()
-    _rewrite(path, {MANIFEST: json.dumps(manifest).encode(), STATE: forged})
-    assert "'subprocess:Popen', not one of fl-clusters'" in _refusal(path, written.settings)
+    # A file whose checksums were recomputed: the classes it names are still checked,
+    # and a module it names is not imported (importing either one runs code).
+    edited = state.replace(b'"fl_clusters.handshake:NodeRegistry"', f'"{forged}"'.encode())
+    assert edited != state
+    manifest["sha256"][STATE] = hashlib.sha256(edited).hexdigest()
+    _rewrite(path, {MANIFEST: json.dumps(manifest).encode(), STATE: edited})
+    assert f"{forged!r}, not one of fl-clusters'" in _refusal(path, written.settings)
+    assert forged.partition(":")[0] not in sys.modules
 
 
 def test_a_checkpoint_loads_back_equal(tmp_path: Path) -> None:
