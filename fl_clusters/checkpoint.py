@@ -229,8 +229,8 @@ class StateWriter:
             return {"$object": [qualified_name(kind), self.tree(dict(vars(value)), where)]}
         raise TypeError(
             f"checkpoint: {where} is a {kind.__module__}.{kind.__qualname__}, which a "
-            "checkpoint cannot keep; give the strategy state of the types "
-            "fl_clusters.checkpoint lists"
+            "checkpoint cannot keep (it keeps numbers, strings, bytes, containers of them, "
+            "numpy arrays and generators, Flower's records and fl-clusters' own objects)"
         )
 
 

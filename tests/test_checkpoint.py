@@ -341,6 +341,17 @@ def test_a_write_that_fails_midway_keeps_the_previous_checkpoint(
     assert os.listdir(tmp_path) == [CHECKPOINT_FILE]
 
 
+def test_a_strategy_attribute_a_checkpoint_cannot_keep_fails_the_write_naming_it(
+    tmp_path: Path,
+) -> None:
+    _rich_checkpoint(server_round=1).write(tmp_path)
+    written = _rich_checkpoint()
+    written.strategy.score = lambda node: node  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match=r"\['state'\]\['score'\] is a builtins.function"):
+        written.write(tmp_path)
+    assert Checkpoint.load(tmp_path, written.settings).server_round == 1
+
+
 def _write_rounds_forever(folder: Path, ready: int) -> None:
     """Write checkpoints of rounds 1, 2, ... to ``folder``, saying each round on ``ready``."""
     settings = parse_run_config({"num-rounds": 1000})
