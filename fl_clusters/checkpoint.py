@@ -69,8 +69,8 @@ RESUMABLE_CHANGES = frozenset({
     "num-rounds", "checkpoint-every", "resume-from", "results-dir", "round-timeout",
     "plots", "min-nodes", "target-accuracy", "device", "torch-threads",
 })
-# Numeric kinds of numpy scalars and arrays (bool, int, uint, float, complex);
-# arrays also keep strings. Object arrays go to the JSON tree item by item.
+# Kinds of numpy scalars the tree keeps (bool, int, uint, float). Arrays of any
+# dtype but object go to arrays.npz; object arrays go to the tree item by item.
 SCALAR_KINDS = "biuf"
 # Numpy's bit generators, by the name their state records.
 BIT_GENERATORS: dict[str, Callable[[], np.random.BitGenerator]] = {
@@ -207,7 +207,7 @@ class StateWriter:
         if kind is bytes:
             return {"$bytes": base64.b64encode(value).decode("ascii")}
         if isinstance(value, np.generic) and value.dtype.kind in SCALAR_KINDS:
-            return {"$scalar": [value.dtype.str, value.item()]}
+            return {"$scalar": [value.dtype.str, self.tree(value.item(), where)]}
         if kind is np.ndarray:
             if value.dtype.kind == "O":
                 return {"$objects": [list(value.shape),
@@ -276,7 +276,7 @@ class StateReader:
             dtype = np.dtype(body[0])
             if dtype.kind not in SCALAR_KINDS:
                 raise DamagedCheckpoint(f"its state holds a numpy scalar of dtype {body[0]!r}")
-            return dtype.type(body[1])
+            return dtype.type(self.value(body[1]))
         if tag == "$array":
             return self.arrays[body]
         if tag == "$objects":

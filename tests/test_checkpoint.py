@@ -167,6 +167,12 @@ def _rich_checkpoint(server_round: int = 2) -> Checkpoint:
     settings = parse_run_config({"num-rounds": 9, "num-clusters": 2, "seed": 1})
     strategy = build_strategy(settings)
     strategy.rng.random(3)  # type: ignore[attr-defined]
+    # What a strategy may hold beyond IFCA's own state.
+    strategy.extras = {  # type: ignore[attr-defined]
+        "scalars": (np.float64("nan"), np.int64(-3), np.uint64(2**64 - 1), np.bool_(True)),
+        "ids": np.array([OLD_A, 7], dtype=object), "float_ids": {0.5: {OLD_B}},
+        "frozen": frozenset({1, 2}), "inf": float("-inf"), "text": np.array(["a", "bc"]),
+    }
     model = ArrayRecord({"w": Array(np.arange(12, dtype=np.float32).reshape(3, 4)),
                          "b": Array(np.array([np.nan, np.inf, -1.0]))})
     return Checkpoint(
