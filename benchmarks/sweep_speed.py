@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from fl_clusters.results import load_models
 from fl_clusters.sweep.provenance import measurement_provenance
 from fl_clusters.sweep.spec import load_sweep
 
@@ -166,8 +165,7 @@ def outcome(folder: Path) -> dict[str, Any]:
     run_config = json.loads((folder / "run_config.json").read_text())
     run_config.pop("results-dir")
     summary = json.loads((folder / "summary.json").read_text())
-    with np.load(folder / "models.npz") as models:
-        arrays = {name: models[name].tolist() for name in models.files}
+    arrays = {name: model.tolist() for name, model in load_models(folder).items()}
     return {
         "run_config": run_config,
         "summary": {field: summary.get(field) for field in OUTCOME_FIELDS},

@@ -209,11 +209,11 @@ COMMON_KEYS: tuple[ConfigKey, ...] = (
               help="seconds every send (round, query, report) waits for replies; later ones drop"),
     ConfigKey(
         "checkpoint-every", 0, minimum=0,
-        help="write checkpoint.pkl to the results folder every this many rounds (0 = never)",
+        help="write checkpoint.zip to the results folder every this many rounds (0 = never)",
     ),
     ConfigKey(
         "resume-from", "",
-        help="results folder (or checkpoint.pkl) of an interrupted run to continue ('' = none)",
+        help="results folder (or checkpoint.zip) of an interrupted run to continue ('' = none)",
     ),
     ConfigKey(
         "plots", True,

@@ -1,4 +1,9 @@
-"""A run's results: its summary, the results folder's files, and the closing table."""
+"""A run's results: its summary, the results folder's files, and the closing table.
+
+``models.npz`` holds every cluster model as plain numpy arrays (no pickles). It is
+written atomically and its SHA-256 goes into ``summary.json`` as
+``models_sha256``; :func:`load_models` reads it back only if it matches.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fl_clusters import protocol as p
+from fl_clusters.files import atomic_output, sha256_of
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.metrics import (
     density_clustering_scores,
@@ -30,6 +36,9 @@ from fl_clusters.metrics import (
 from fl_clusters.placement import NOWHERE
 from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
 from fl_clusters.strategies.interface import ServerStrategy
+
+MODELS_FILE = "models.npz"
+SUMMARY_FILE = "summary.json"
 
 
 def accuracy_by_round(result: Result) -> dict[int, float]:
@@ -274,6 +283,7 @@ def write_results(
 ) -> None:
     """Write run config, per-round metrics, assignments, models and summary.
 
+    The summary gets ``models_sha256``, the SHA-256 of ``models.npz``.
     ``round_seconds`` (absolute round -> wall seconds) gives rounds.jsonl its
     ``seconds`` field; a round it lacks (run before a resume) gets ``null``.
 
@@ -312,10 +322,47 @@ def write_results(
                 f"{row['assigned']},{acc:.6f},{int(row.get('late', False))},"
                 f"{row.get('ray_node', '')},{row.get('device', '')}\n"
             )
-    np.savez(
-        folder / "models.npz", **{key: result.arrays[key].numpy() for key in result.arrays}
-    )
-    (folder / "summary.json").write_text(strict_json(summary, indent=2))
+    models = folder / MODELS_FILE
+    with atomic_output(models) as out:
+        np.savez(out, allow_pickle=False,
+                 **{key: result.arrays[key].numpy() for key in result.arrays})
+    summary = {**summary, "models_sha256": sha256_of(models)}
+    (folder / SUMMARY_FILE).write_text(strict_json(summary, indent=2))
+
+
+def load_models(folder: Path) -> dict[str, np.ndarray]:
+    """The models of the results folder ``folder``, checked against its summary's SHA-256.
+
+    Parameters
+    ----------
+    folder : Path
+        A results folder (it holds ``models.npz`` and ``summary.json``).
+
+    Raises
+    ------
+    ValueError
+        If a file is missing, ``summary.json`` records no ``models_sha256``,
+        ``models.npz`` does not match it, or it holds an array only a pickle reads.
+    """
+    models, summary_file = folder / MODELS_FILE, folder / SUMMARY_FILE
+    for path in (models, summary_file):
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist; pass a results folder of a finished run")
+    try:
+        expected = json.loads(summary_file.read_text()).get("models_sha256")
+    except (ValueError, AttributeError) as error:
+        raise ValueError(f"{summary_file} is not a readable summary ({error})") from None
+    if expected is None:
+        raise ValueError(f"{summary_file} records no models_sha256 (a results folder of an "
+                         f"earlier fl-clusters), so {models} cannot be checked")
+    if sha256_of(models) != expected:
+        raise ValueError(f"{models} is damaged: checksum mismatch with the models_sha256 "
+                         f"that {summary_file} records")
+    try:
+        with np.load(models, allow_pickle=False) as stored:
+            return {key: stored[key] for key in stored.files}
+    except ValueError as error:  # an object array: it would need a pickle
+        raise ValueError(f"{models} is not plain arrays ({error}); it is not loaded") from None
 
 
 def print_summary(summary: dict[str, Any], folder: Path) -> None:

@@ -42,7 +42,7 @@ class CheckpointedRounds(Strategy):
     settings : Mapping[str, Any]
         The run's validated run config (stored in the checkpoint).
     folder : Path
-        The results folder that receives ``checkpoint.pkl``.
+        The results folder that receives ``checkpoint.zip``.
     start_nodes : list[int]
         Nodes connected when the run first started.
     resumed : Checkpoint | None

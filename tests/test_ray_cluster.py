@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from deploy.loopback_ray_cluster import LOOPBACK, LoopbackCluster
+from fl_clusters.checkpoint import CHECKPOINT_FILE
 from tests.conftest import VENV_BIN, stop_local_superlink
 
 pytestmark = pytest.mark.slow
@@ -131,7 +132,7 @@ def test_ray_cluster_losing_its_worker_in_round_2_goes_on(
 
     def kill_after_round_1() -> None:
         while not finished.wait(0.05):
-            if any(results.glob("*/checkpoint.pkl")):
+            if any(results.glob(f"*/{CHECKPOINT_FILE}")):
                 cluster.kill_worker()
                 killed.set()
                 return

@@ -56,14 +56,14 @@ class FlowerBaseline(ServerStrategy):
         self.nodes = NodeRegistry()
         # Flower's strategies reject no reply of their own.
         self.rejected_replies = 0
-        # Python's random at the last checkpoint (see __getstate__), None in a fresh run.
+        # Python's random at the last checkpoint (see checkpoint_state), None in a fresh run.
         # A generator of its own, not its state's tuple of ints: a resume remaps every
         # int that equals an old node id in the strategy's attributes.
         self.python_random: random.Random | None = None
 
     def __getattr__(self, name: str) -> Any:
         """Flower's settings (``fraction_evaluate``, ``proximal_mu``...) read through."""
-        if name == "flower":  # not set yet (unpickling): no strategy to read from
+        if name == "flower":  # not set yet (a copy being made): no strategy to read from
             raise AttributeError(name)
         return getattr(self.flower, name)
 
@@ -74,11 +74,16 @@ class FlowerBaseline(ServerStrategy):
         else:
             super().__setattr__(name, value)
 
-    def __getstate__(self) -> dict[str, Any]:
-        """The state a checkpoint keeps, with Python's random: Flower samples with it."""
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The state a checkpoint keeps, with Python's random: Flower samples with it.
+
+        Flower's strategy is left out: it holds only its settings (and its metric
+        functions), which the resumed run builds again from the run config.
+        """
         kept = random.Random()
         kept.setstate(random.getstate())
-        return {**self.__dict__, "python_random": kept}
+        state = {name: value for name, value in vars(self).items() if name != "flower"}
+        return {**state, "python_random": kept}
 
     def adopt_identities(self, identities: NodeIdentities) -> None:
         """Keep the handshake's keys; its malformed replies are not Flower's rejections."""

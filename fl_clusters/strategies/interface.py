@@ -53,6 +53,16 @@ class ServerStrategy(Strategy):
         failing inside a round.
         """
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The attributes a checkpoint keeps (:mod:`fl_clusters.checkpoint`).
+
+        A resumed run builds the strategy from the run config as the run did and
+        sets these back. Values must be of the types a checkpoint keeps: numbers,
+        strings, containers of them, numpy arrays and generators, Flower's records
+        and fl-clusters' own objects.
+        """
+        return dict(vars(self))
+
     @abstractmethod
     def prepare(self, grid: Grid, timeout: float) -> None:
         """Get ready for the first round this process runs (a fresh or resumed run).

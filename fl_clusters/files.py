@@ -1,0 +1,60 @@
+"""Files written whole or not at all, and their SHA-256 to check them when read back.
+
+A results folder's checkpoint and models are replaced atomically: the new content
+goes to a temporary file in the same folder, is flushed to disk, and only then
+takes the final name (``os.replace``). A process killed at any moment leaves the
+previous file or the new one, never a mix; a temporary file it leaves behind has
+a name no reader opens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+
+
+@contextmanager
+def atomic_output(path: Path) -> Iterator[BinaryIO]:
+    """A binary file that replaces ``path`` when the block ends without an error.
+
+    If the block raises, ``path`` is left as it was and the temporary file is
+    removed.
+
+    Parameters
+    ----------
+    path : Path
+        The file to write; its folder is created if missing.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        with partial.open("wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    # The rename itself reaches the disk only with the folder's entry.
+    if hasattr(os, "O_DIRECTORY"):
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, as hex."""
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while chunk := source.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
