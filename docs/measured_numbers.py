@@ -26,9 +26,16 @@ A table of a sweep is a block::
 rendered from the sweep folder's ``runs.jsonl`` and ``sweep.toml`` by
 :func:`fl_clusters.sweep.report.markdown` (its table lines only).
 
+A number from a sweep is stale when a run it rests on used a setting that has
+another value now (:meth:`fl_clusters.sweep.cells.Cell.changed_settings`): a table
+rests on every run of its sweep, an inline number on the lines of ``runs.jsonl``
+its expression reads beyond their ``key``, ``cell`` and ``status``. A stale number
+keeps rendering from its file; the check names it, the run and the setting.
+
 ``python docs/measured_numbers.py`` rewrites every page in place (``python
 docs/generate_strategies.py`` runs it too); ``--check`` lists the numbers that
-disagree with their files and exits 1. tests/test_measured_docs.py runs the check.
+disagree with their files and the stale ones, and exits 1 if there are any.
+tests/test_measured_docs.py runs the check.
 """
 
 from __future__ import annotations
@@ -149,12 +156,13 @@ def load_measured(source: str) -> Any:
     raise MeasuredNumberError(f"benchmarks/measured/{source}: not a .json, .jsonl or .csv")
 
 
-def evaluate(source: str, expr: str) -> Any:
-    """The value of ``expr`` over the content ``d`` of ``source``."""
+def evaluate(source: str, expr: str, content: Any = None) -> Any:
+    """The value of ``expr`` over the content ``d`` of ``source`` (or ``content``)."""
     tree = _check_expression(expr)
     # One namespace as globals: a comprehension's body is a scope of its own and
     # sees globals only, so ``[r for r in d if d[r]]`` needs ``d`` there.
-    names = {"__builtins__": {}, "d": load_measured(source), **FUNCTIONS}
+    data = load_measured(source) if content is None else content
+    names = {"__builtins__": {}, "d": data, **FUNCTIONS}
     try:
         return eval(compile(tree, source, "eval"), names)
     except MeasuredNumberError:
@@ -184,18 +192,118 @@ def format_like(value: Any, written: str) -> str:
     return text + shape["suffix"]
 
 
-def sweep_table(source: str) -> str:
-    """The table lines of the sweep whose folder is ``benchmarks/measured/<source>``."""
-    from fl_clusters.sweep.report import markdown, table_rows
+def _sweep(folder_source: str) -> tuple[Any, list[dict[str, Any]]]:
+    """The sweep file and runs of the folder ``benchmarks/measured/<folder_source>``."""
     from fl_clusters.sweep.runner import read_runs
     from fl_clusters.sweep.spec import load_sweep
 
-    folder = MEASURED / source
+    folder = MEASURED / folder_source
     if not (folder / "runs.jsonl").is_file() or not (folder / "sweep.toml").is_file():
-        raise MeasuredNumberError(f"benchmarks/measured/{source}: no runs.jsonl/sweep.toml")
-    sweep = load_sweep(folder / "sweep.toml")
-    text = markdown(sweep, table_rows(sweep, read_runs(folder / "runs.jsonl")))
+        raise MeasuredNumberError(
+            f"benchmarks/measured/{folder_source}: no runs.jsonl/sweep.toml"
+        )
+    return load_sweep(folder / "sweep.toml"), read_runs(folder / "runs.jsonl")
+
+
+def sweep_table(source: str) -> str:
+    """The table lines of the sweep whose folder is ``benchmarks/measured/<source>``."""
+    from fl_clusters.sweep.report import markdown, table_rows
+
+    sweep, runs = _sweep(source)
+    text = markdown(sweep, table_rows(sweep, runs))
     return "".join(line + "\n" for line in text.splitlines() if line.startswith("|"))
+
+
+# The fields that pick a run's line out; reading any other field reads its numbers.
+_SELECTING_FIELDS = ("key", "cell", "status")
+
+
+class _WatchedLine(dict[str, Any]):
+    """A line of runs.jsonl that records whether an expression read its numbers."""
+
+    read = False
+
+    def __getitem__(self, field: str) -> Any:
+        if field not in _SELECTING_FIELDS:
+            self.read = True
+        return super().__getitem__(field)
+
+
+def lines_read(source: str, expr: str) -> list[dict[str, Any]]:
+    """The lines of the runs.jsonl ``source`` whose numbers ``expr`` reads."""
+    watched = [_WatchedLine(line) for line in load_measured(source)]
+    evaluate(source, expr, watched)
+    return [line for line in watched if line.read]
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A number on a page that rests on a run whose settings have changed since."""
+
+    line: int
+    number: str
+    run: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.number} rests on {self.run}, which {self.why}"
+
+
+Sweeps = dict[str, tuple[Any, list[dict[str, Any]]]]
+
+
+def _loaded(folder_source: str, sweeps: Sweeps) -> tuple[Any, list[dict[str, Any]]]:
+    """:func:`_sweep` of ``folder_source``, read once into ``sweeps``."""
+    if folder_source not in sweeps:
+        sweeps[folder_source] = _sweep(folder_source)
+    return sweeps[folder_source]
+
+
+def _stale_in_table(source: str, sweeps: Sweeps) -> list[tuple[str, str]]:
+    """``(run, why)`` for each stale run of the sweep table of ``source``."""
+    from fl_clusters.sweep.report import stale_runs
+
+    sweep, runs = _loaded(source, sweeps)
+    return [(cell.name, "ran with " + "; ".join(map(str, changes)))
+            for cell, changes in stale_runs(sweep, runs)]
+
+
+def _stale_inline(source: str, expr: str, sweeps: Sweeps) -> list[tuple[str, str]]:
+    """``(run, why)`` for each stale line of a runs.jsonl ``source`` that ``expr`` reads."""
+    folder = source.rpartition("/")[0]
+    sweep, _ = _loaded(folder, sweeps)
+    cells = {cell.key: cell for cell in sweep.cells}
+    found = []
+    for line in lines_read(source, expr):
+        name = ",".join(f"{axis}={label}" for axis, label in line["cell"].items())
+        cell = cells.get(line["key"])
+        if cell is None:
+            found.append((name, f"is no cell of {folder}/sweep.toml any more"))
+        elif changes := cell.changed_settings(line["settings"]):
+            found.append((name, "ran with " + "; ".join(map(str, changes))))
+    return found
+
+
+def stale_numbers(text: str) -> list[Stale]:
+    """The numbers of ``text`` that rest on a sweep's run whose settings changed since.
+
+    A sweep's table rests on every run of the sweep; an inline number over a
+    sweep's ``runs.jsonl`` on the lines its expression reads (:func:`lines_read`).
+    """
+    # Each sweep is read once a page.
+    sweeps: Sweeps = {}
+    found = []
+    for match in TABLE.finditer(text):
+        source = match["source"].strip()
+        found += [Stale(text.count("\n", 0, match.start()) + 1, f"table {source}", run, why)
+                  for run, why in _stale_in_table(source, sweeps)]
+    for match in INLINE.finditer(text):
+        source, expr = match["source"].strip(), match["expr"].strip()
+        if source.startswith("sweeps/") and source.endswith("/runs.jsonl"):
+            number = f"{match['text']!r} ({source}: {expr})"
+            found += [Stale(text.count("\n", 0, match.start()) + 1, number, run, why)
+                      for run, why in _stale_inline(source, expr, sweeps)]
+    return sorted(found, key=lambda stale: stale.line)
 
 
 @dataclass(frozen=True)
@@ -254,14 +362,15 @@ def pages() -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     """Rewrite every page's measured numbers, or with ``--check`` list the stale ones."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="list mismatches, change nothing")
+    parser.add_argument("--check", action="store_true",
+                        help="list mismatches and stale numbers, change nothing")
     args = parser.parse_args(argv)
     stale = 0
     for page in pages():
         text = page.read_text()
         if args.check:
-            for mismatch in mismatches(text):
-                print(f"{page.relative_to(ROOT)}: {mismatch}")
+            for problem in [*mismatches(text), *stale_numbers(text)]:
+                print(f"{page.relative_to(ROOT)}: {problem}")
                 stale += 1
         elif (new := render(text)) != text:
             page.write_text(new)

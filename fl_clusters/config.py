@@ -276,6 +276,18 @@ def config_keys() -> dict[str, ConfigKey]:
     return {key.name: key for _, keys in key_groups() for key in keys}
 
 
+def strategy_keys(strategy: str) -> set[str]:
+    """The run-config keys a run of ``strategy`` reads: the common keys and its own.
+
+    Its own are the keys of the parameters the strategy declares (its bases' shared
+    options included); a baseline of Flower's reads the common keys only.
+    """
+    common = {key.name for klass, keys in key_groups() if klass is None for key in keys}
+    cls = ClusteredStrategy.registry.get(strategy)
+    declared = cls.declared_params() if cls is not None else ()
+    return common | {param.key for param in declared if param.run_config and param.key}
+
+
 def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """Validate a run config and fill in defaults.
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -32,6 +34,97 @@ def test_every_measured_number_agrees_with_its_file(page: Path) -> None:
     stale = RENDERER.mismatches(page.read_text())
     assert not stale, (f"{page.name}: " + "; ".join(map(str, stale))
                        + " -- run: python docs/measured_numbers.py")
+
+
+@pytest.mark.parametrize("page", RENDERER.pages(), ids=lambda p: p.name)
+def test_no_measured_number_rests_on_a_run_whose_settings_changed(page: Path) -> None:
+    stale = RENDERER.stale_numbers(page.read_text())
+    assert not stale, (f"{page.name}: " + "; ".join(map(str, stale))
+                       + " -- run the sweep again (docs/sweeps.md, \"Keys and resuming\")")
+
+
+def _sweep_folders() -> list[str]:
+    return sorted(f"sweeps/{p.name}" for p in (RENDERER.MEASURED / "sweeps").iterdir()
+                  if p.is_dir())
+
+
+def _patch_key_groups(monkeypatch: pytest.MonkeyPatch,
+                      change: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> None:
+    """Make every run config validate with ``change`` applied to today's key groups."""
+    import fl_clusters.config as config
+
+    groups = change(config.key_groups())
+    monkeypatch.setattr(config, "key_groups", lambda: groups)
+
+
+def test_a_new_run_config_key_orphans_no_run_and_changes_no_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fl_clusters.config import ConfigKey, config_keys
+    from fl_clusters.sweep.report import latest_lines, stale_runs
+
+    class NearestCentre:  # what a new strategy's declared parameter brings
+        pass
+
+    new_key = ConfigKey("fesem-init", "random", choices=("random", "kmeans"))
+    _patch_key_groups(monkeypatch, lambda groups: (*groups, (NearestCentre, (new_key,))))
+    assert config_keys()["fesem-init"] == new_key
+    for folder in _sweep_folders():
+        sweep, runs = RENDERER._sweep(folder)
+        assert all(cell.settings["fesem-init"] == "random" for cell in sweep.cells)
+        assert len(latest_lines(sweep, runs)) == len({line["key"] for line in runs}), folder
+        assert stale_runs(sweep, runs) == [], folder
+    for page in RENDERER.pages():
+        text = page.read_text()
+        assert RENDERER.render(text) == text, page.name
+        assert RENDERER.stale_numbers(text) == [], page.name
+
+
+def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dataclasses import replace
+
+    from fl_clusters.sweep.report import latest_lines
+
+    _patch_key_groups(monkeypatch, lambda groups: tuple(
+        (owner, tuple(replace(key, default=0.5) if key.name == "cfl-eps2" else key
+                      for key in keys)) for owner, keys in groups))
+    # The runs that used the old default: CFL's, where the sweep left cfl-eps2 unset.
+    used_it: dict[str, set[str]] = {}
+    for folder in _sweep_folders():
+        sweep, runs = RENDERER._sweep(folder)
+        used_it[folder] = {cell.name for cell in sweep.cells
+                           if cell.key in latest_lines(sweep, runs)
+                           and cell.settings["strategy"] == "cfl"
+                           and "cfl-eps2" not in cell.run_config}
+    assert sum(map(len, used_it.values())) >= 30
+    reported_somewhere = False
+    for page in RENDERER.pages():
+        text = page.read_text()
+        stale = RENDERER.stale_numbers(text)
+        assert {s.why for s in stale} <= {"ran with cfl-eps2=0.45, now 0.5"}
+        assert RENDERER.render(text) == text  # stale numbers keep rendering
+        for match in RENDERER.TABLE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            assert {s.run for s in stale if s.line == line} == used_it[match["source"]]
+        for match in RENDERER.INLINE.finditer(text):
+            source, expr = match["source"].strip(), match["expr"].strip()
+            if not source.endswith("/runs.jsonl"):
+                continue
+            line = text.count("\n", 0, match.start()) + 1
+            number = f"{match['text']!r} ({source}: {expr})"
+            runs = {s.run for s in stale if (s.line, s.number) == (line, number)}
+            reads_cfl = '"cfl"' in expr or "strategy=" not in expr
+            expected = bool(reads_cfl and used_it[source.rpartition("/")[0]])
+            assert bool(runs) == expected, (page.name, line, expr)
+            assert all("strategy=cfl" in run for run in runs)
+            reported_somewhere |= bool(runs)
+    assert reported_somewhere
+    assert RENDERER.main(["--check"]) == 1
+    printed = capsys.readouterr().out
+    assert ("rests on seed=0,model=mlp,strategy=cfl,structure=rotation,data=digits, which "
+            "ran with cfl-eps2=0.45, now 0.5") in printed
 
 
 def test_the_pages_carry_measured_numbers() -> None:

@@ -20,12 +20,12 @@ import pytest
 from rich.console import Console
 
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
-from fl_clusters.sweep.cells import resolve_federation
+from fl_clusters.sweep.cells import SettingChange, cell_key, resolve_federation
 from fl_clusters.sweep.cli import main, sweep_main
 from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.merge import MergeError, merge_runs
 from fl_clusters.sweep.provenance import append_session
-from fl_clusters.sweep.report import table_rows, write_report
+from fl_clusters.sweep.report import stale_runs, table_rows, write_report
 from fl_clusters.sweep.runner import append_run, pending_cells, read_runs
 from fl_clusters.sweep.spec import parse_only
 
@@ -129,16 +129,19 @@ def test_the_grid_expands_with_variants_and_exclusions() -> None:
     assert len({cell.key for cell in sweep.cells}) == len(sweep.cells)
 
 
-def test_a_cell_key_is_its_full_config() -> None:
-    """Writing a default out, or in another order, keeps a cell's key; any change moves it."""
+def test_a_cell_key_is_what_its_sweep_sets() -> None:
+    """The keys' order keeps a cell's key; a value the file sets, or the federation,
+    moves it; a default it leaves out is no part of it."""
     plain = parse('[grid]\nstrategy = ["ifca"]\nseed = [0]').cells[0]
-    spelled = parse('[base]\nlr = 0.1\n[grid]\nseed = [0]\nstrategy = ["ifca"]').cells[0]
+    reordered = parse('[grid]\nseed = [0]\nstrategy = ["ifca"]').cells[0]
     other_lr = parse('[base]\nlr = 0.05\n[grid]\nstrategy = ["ifca"]\nseed = [0]').cells[0]
     more_nodes = parse(
         '[grid]\nstrategy = ["ifca"]\nseed = [0]\n[federation]\nnum-supernodes = 10'
     ).cells[0]
-    assert plain.key == spelled.key
+    assert plain.key == reordered.key
     assert len({plain.key, other_lr.key, more_nodes.key}) == 3
+    assert plain.key == cell_key({"strategy": "ifca", "seed": 0, "min-nodes": 20},
+                                 {"num-supernodes": 20, "client-resources-num-cpus": 1})
     # Where a run computes is not what it computes: a GPU share keeps the key, so a
     # GPU machine resumes a sweep a CPU machine began.
     on_gpus = parse(
@@ -174,7 +177,8 @@ def _line(cell, status: str, accuracy: float, ari: float) -> dict:  # type: igno
     summary = {"personalized_accuracy": accuracy, "ari": ari, "nmi": ari,
                "num_clusters_found": 2, "rounds_to_target": None, "bytes_sent": 10,
                "bytes_received": 5, "wall_time_s": 1.0}
-    return {"key": cell.key, "cell": cell.labels, "status": status, "seconds": 2.0,
+    return {"key": cell.key, "cell": cell.labels, "settings": cell.settings,
+            "status": status, "seconds": 2.0,
             "summary": summary if status == "ok" else None,
             "error": None if status == "ok" else "RuntimeError: boom"}
 
@@ -212,6 +216,67 @@ def test_the_table_pairs_each_seed_with_the_baseline_of_the_same_seed(tmp_path: 
     table = (tmp_path / "table.md").read_text()
     assert "| fedavg | 0,1 (1 failed, 0 not run) (1 on GPU) |" in table
     assert "+0.2500 ± 0.2121 (2)" in (tmp_path / "table.md").read_text()
+
+
+def test_a_run_is_stale_only_when_a_setting_it_used_has_another_value_now(
+    tmp_path: Path,
+) -> None:
+    sweep = parse('[grid]\nstrategy = ["ifca", "cfl"]\nseed = [0]')
+    ifca, cfl = sweep.cells
+    ran_other_lr = {**ifca.settings, "ifca-server-lr": 0.25}
+    # CFL reads no IFCA key, and a key added since the run stales nothing.
+    ran_before_a_key = {k: v for k, v in cfl.settings.items() if k != "cfl-eps2"}
+    ran_before_a_key["ifca-server-lr"] = 0.25
+    assert [str(c) for c in ifca.changed_settings(ran_other_lr)] == [
+        "ifca-server-lr=0.25, now 0.5"]
+    assert cfl.changed_settings(ran_before_a_key) == []
+    runs = [{**_line(ifca, "ok", 0.9, 1.0), "settings": ran_other_lr},
+            {**_line(cfl, "ok", 0.8, 1.0), "settings": ran_before_a_key}]
+    assert pending_cells(sweep, runs, retry_failed=False) == [ifca]
+    assert stale_runs(sweep, runs) == [(ifca, [SettingChange("ifca-server-lr", 0.25, 0.5)])]
+    # The stale run still counts in the table, which names it and the setting.
+    assert {row["strategy"]: row["runs_ok"] for row in table_rows(sweep, runs)} == {
+        "ifca": 1, "cfl": 1}
+    write_report(sweep, runs, tmp_path, plots=False)
+    assert ("- strategy=ifca,seed=0 ran with ifca-server-lr=0.25, now 0.5"
+            in (tmp_path / "table.md").read_text())
+    # Merging: another machine's current run replaces a stale one, not a current one.
+    here, other = tmp_path / "here", tmp_path / "other"
+    for folder, lines in ((here, runs), (other, [_line(ifca, "ok", 0.7, 1.0),
+                                                 _line(cfl, "ok", 0.6, 1.0)])):
+        folder.mkdir()
+        for line in lines:
+            append_run(folder / "runs.jsonl", line)
+    result = merge_runs(sweep, here, other)
+    assert (result.added, result.already_recorded) == ([ifca.key], [cfl.key])
+    assert stale_runs(sweep, read_runs(here / "runs.jsonl")) == []
+
+
+def test_rekeying_gives_old_lines_todays_keys_and_their_folders(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "rekey_sweeps", ROOT / "benchmarks" / "rekey_sweeps.py")
+    assert spec is not None and spec.loader is not None
+    rekey_sweeps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rekey_sweeps)
+    sweep = parse('[grid]\nstrategy = ["ifca", "cfl"]\nseed = [0]')
+    old_keys = ["0" * 16, "1" * 16]
+    for old, cell in zip(old_keys, sweep.cells, strict=True):
+        (tmp_path / "runs" / old / "run").mkdir(parents=True)
+        (tmp_path / "logs").mkdir(exist_ok=True)
+        (tmp_path / "logs" / f"{old}.log").write_text(cell.name)
+        append_run(tmp_path / "runs.jsonl", {
+            **_line(cell, "ok", 0.5, 1.0), "key": old, "run_config": cell.run_config,
+            "federation": {**sweep.federation, "client-resources-num-gpus": 0.0},
+            "results_folder": f"runs/{old}/run", "log": f"logs/{old}.log"})
+    assert rekey_sweeps.rekey(tmp_path) == 2
+    lines = read_runs(tmp_path / "runs.jsonl")
+    assert [line["key"] for line in lines] == [cell.key for cell in sweep.cells]
+    for line, cell in zip(lines, sweep.cells, strict=True):
+        assert (tmp_path / line["results_folder"]).is_dir()
+        assert (tmp_path / line["log"]).read_text() == cell.name
+    assert rekey_sweeps.rekey(tmp_path) == 0
 
 
 def test_a_line_cut_off_by_a_kill_is_dropped_and_the_next_starts_clean(tmp_path: Path) -> None:
@@ -403,7 +468,7 @@ def test_the_console_script_lists_cells_and_which_are_recorded(
     done = load_sweep(path).cells[1]
     out = tmp_path / "out"
     out.mkdir()
-    append_run(out / "runs.jsonl", {"key": done.key, "status": "ok"})
+    append_run(out / "runs.jsonl", _line(done, "ok", 0.5, 1.0))
     assert main(["sweep", str(path), "--out", str(out), "--dry-run"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert listed[0].split() == [load_sweep(path).cells[0].key, "to", "run", "strategy=ifca"]
@@ -432,7 +497,7 @@ def test_only_runs_the_chosen_cells_and_names_a_wrong_axis_or_label(
     # A recorded cell stays recorded; the cells --only leaves out are listed as such.
     out = tmp_path / "out"
     out.mkdir()
-    append_run(out / "runs.jsonl", {"key": chosen[0].key, "status": "ok"})
+    append_run(out / "runs.jsonl", _line(chosen[0], "ok", 0.5, 1.0))
     assert main(["sweep", str(path), "--out", str(out), "--dry-run",
                  "--only", "model=mlp", "--only", "seed=1,2"]) == 0
     states = [line.split()[1] for line in capsys.readouterr().out.splitlines()[:-1]]

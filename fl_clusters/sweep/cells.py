@@ -1,8 +1,9 @@
 """What a sweep is made of: its axes, its cells and their keys.
 
 :mod:`fl_clusters.sweep.spec` reads a sweep file into these records; the runner
-and the report read them. A cell's key is a hash of its full run config and
-federation, so the same run has the same key in any file.
+and the report read them. A cell's key is a hash of the run-config keys its sweep
+sets and of its federation, so a default the app adds or changes keeps every key;
+:meth:`Cell.changed_settings` says whether a recorded run is still the cell's run.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fl_clusters.config import strategy_keys
 
 # The sweep decides where each run writes; a file that sets it would scatter runs.
 RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
@@ -48,6 +51,33 @@ class Axis:
         return {key for _, settings in self.values for key in settings}
 
 
+def _as_json(value: Any) -> str:
+    """``value`` as runs.jsonl holds it, so a tuple and its list compare equal."""
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class SettingChange:
+    """A setting a recorded run used that has another value now.
+
+    Parameters
+    ----------
+    key : str
+        The run-config key.
+    was : Any
+        Its value in the run's recorded ``settings``.
+    now : Any
+        The value the same cell's run config validates to today.
+    """
+
+    key: str
+    was: Any
+    now: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}={_as_json(self.was)}, now {_as_json(self.now)}"
+
+
 @dataclass(frozen=True)
 class Cell:
     """One run of the sweep.
@@ -63,7 +93,7 @@ class Cell:
         The full, validated run config (:func:`parse_run_config`), without
         ``results-dir``.
     key : str
-        Hash of ``settings`` and the federation: equal keys, equal runs.
+        Hash of ``run_config`` and the federation (:func:`cell_key`).
     """
 
     labels: dict[str, str]
@@ -75,6 +105,32 @@ class Cell:
     def name(self) -> str:
         """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
         return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
+
+    def changed_settings(self, recorded: Mapping[str, Any]) -> list[SettingChange]:
+        """The settings a run recorded that this cell now gives another value.
+
+        Only the keys the cell's strategy reads count
+        (:func:`fl_clusters.config.strategy_keys`): another strategy's default changes
+        nothing here. A key the run did not record is one the app added since; its
+        default reproduces what the run did (the golden summaries check that), so it
+        changes nothing either.
+
+        Parameters
+        ----------
+        recorded : Mapping[str, Any]
+            The ``settings`` of the run's ``runs.jsonl`` line.
+
+        Returns
+        -------
+        list[SettingChange]
+            One per changed key, in key order; empty when the run is the cell's.
+        """
+        read = strategy_keys(self.settings["strategy"]) - set(RESERVED_RUN_CONFIG_KEYS)
+        return [
+            SettingChange(key, recorded[key], self.settings[key])
+            for key in sorted(read & set(recorded) & set(self.settings))
+            if _as_json(recorded[key]) != _as_json(self.settings[key])
+        ]
 
     def selected_by(self, only: Mapping[str, set[str]]) -> bool:
         """Whether this cell has one of the chosen labels on every axis ``only`` names."""
@@ -129,18 +185,29 @@ class Sweep:
         return [axis.name for axis in self.axes if axis.name != SEED_AXIS]
 
 
-def cell_key(settings: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
-    """The key of a run: a hash of its full run config and its federation.
+def cell_key(run_config: Mapping[str, Any], federation: Mapping[str, Any]) -> str:
+    """The key of a run: a hash of the run-config keys its sweep sets and its federation.
 
     Two cells with the same key would repeat the same run; a resumed sweep skips a
-    cell whose key it has recorded. The results folder is not part of a run's config,
-    and the GPUs are not part of its federation: they decide where a run computes,
-    not what, so a sweep resumed on a GPU machine skips the cells a CPU machine
-    recorded (each line's ``federation`` says where it ran). The key hashes the GPU
-    share as 0.0, the value every key had before GPUs were left out.
+    cell whose key it has recorded (unless the run is stale:
+    :meth:`Cell.changed_settings`). Defaults are not part of the key, so a key the
+    app adds, or a default it changes, leaves every recorded run under its key;
+    each line's ``settings`` says what the run used. The results folder is not
+    part of a run's config, and the GPUs are not part of its federation: they
+    decide where a run computes, not what, so a sweep resumed on a GPU machine
+    skips the cells a CPU machine recorded (each line's ``federation`` says where
+    it ran). The key hashes the GPU share as 0.0.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        The keys the sweep file sets for the cell (``Cell.run_config``, or a
+        ``runs.jsonl`` line's ``run_config``), as written.
+    federation : Mapping[str, Any]
+        The sweep's federation, resolved for a machine or not.
     """
     content = {
-        "run_config": {k: v for k, v in settings.items() if k not in RESERVED_RUN_CONFIG_KEYS},
+        "run_config": {k: v for k, v in run_config.items() if k not in RESERVED_RUN_CONFIG_KEYS},
         "federation": {**federation, GPUS_KEY: 0.0},
     }
     text = json.dumps(content, sort_keys=True, separators=(",", ":"))

@@ -15,6 +15,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fl_clusters.sweep.cells import Sweep
 from fl_clusters.sweep.provenance import append_session
@@ -70,10 +71,10 @@ def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
     """Add the runs of ``other`` (a folder of the same sweep) to ``folder``.
 
     A run is added when its key is a cell of ``sweep`` and ``folder`` has no line
-    for it, or only a failed one while ``other``'s run is ``ok`` (the later line is
-    the one the table reads, as after ``--retry-failed``). The table and plots are
-    not rewritten here. The caller holds ``folder``'s lock
-    (:func:`fl_clusters.sweep.lock.sweep_folder_lock`).
+    for it, or only a failed or stale one (:meth:`Cell.changed_settings`) while
+    ``other``'s run is ``ok`` and current (the later line is the one the table
+    reads, as after ``--retry-failed``). The table and plots are not rewritten here.
+    The caller holds ``folder``'s lock (:func:`fl_clusters.sweep.lock.sweep_folder_lock`).
 
     Parameters
     ----------
@@ -99,21 +100,27 @@ def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
             f"{other} holds sweep {name!r}, not {sweep.name!r}; merge it with its own file"
         )
     folder.mkdir(parents=True, exist_ok=True)
-    cells = {cell.key for cell in sweep.cells}
-    status = {line["key"]: line["status"] for line in read_runs(folder / RUNS_FILE)}
+    cells = {cell.key: cell for cell in sweep.cells}
+
+    def current(line: dict[str, Any]) -> bool:
+        return (line["status"] == "ok"
+                and not cells[line["key"]].changed_settings(line["settings"]))
+
+    ours = {line["key"]: current(line) for line in read_runs(folder / RUNS_FILE)
+            if line["key"] in cells}
     result = MergeResult()
     for line in read_runs(other / RUNS_FILE):
         key = line["key"]
         if key not in cells:
             result.not_in_sweep.append(key)
             continue
-        if key in status and (status[key] == "ok" or line["status"] != "ok"):
+        if key in ours and (ours[key] or not current(line)):
             result.already_recorded.append(key)
             continue
         _copy(other / RUNS_FOLDER / key, folder / RUNS_FOLDER / key)
         _copy(other / LOGS_FOLDER / f"{key}.log", folder / LOGS_FOLDER / f"{key}.log")
         append_run(folder / RUNS_FILE, line)
-        status[key] = line["status"]
+        ours[key] = current(line)
         result.added.append(key)
     if result.added:
         _merge_sessions(folder / MANIFEST_FILE, other / MANIFEST_FILE, sweep.name)

@@ -6,7 +6,9 @@ against each baseline, the paired difference: this cell's value minus the
 baseline's value for the same seed and the same other axes, averaged over the
 seeds where both ran, with its spread and a 95 % confidence half-width (Student's
 t). The table is written as ``table.csv`` (every figure in its own column) and
-``table.md``; the plots show every seed's value beside the mean.
+``table.md``; the plots show every seed's value beside the mean. A recorded run
+that a setting it used no longer matches (:func:`stale_runs`) still counts, and
+``table.md`` names it and the setting under the table.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fl_clusters.sweep.cells import GPUS_KEY, Cell, Sweep
+from fl_clusters.sweep.cells import GPUS_KEY, Cell, SettingChange, Sweep
 
 # (field of a run's line or its summary, heading)
 METRICS = (
@@ -64,6 +66,22 @@ def latest_lines(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> dict[str, M
     """Cell key -> its last recorded line, for the cells of the sweep as it is now."""
     keys = {cell.key for cell in sweep.cells}
     return {line["key"]: line for line in runs if line["key"] in keys}
+
+
+def stale_runs(
+    sweep: Sweep, runs: Sequence[Mapping[str, Any]]
+) -> list[tuple[Cell, list[SettingChange]]]:
+    """The cells whose last recorded run used a setting that has another value now.
+
+    Each with the settings that changed (:meth:`Cell.changed_settings`), in the
+    sweep's cell order; the next sweep runs these cells again.
+    """
+    latest = latest_lines(sweep, runs)
+    found = []
+    for cell in sweep.cells:
+        if cell.key in latest and (changes := cell.changed_settings(latest[cell.key]["settings"])):
+            found.append((cell, changes))
+    return found
 
 
 def _group(sweep: Sweep, cell: Cell) -> tuple[str, ...]:
@@ -157,8 +175,14 @@ def _mean_spread(row: Mapping[str, Any], name: str, digits: int, signed: bool = 
     return text + ("" if std is None else f" ± {std:.{digits}f}")
 
 
-def markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> str:
-    """The table as Markdown: mean ± spread over seeds, paired differences with n."""
+def markdown(
+    sweep: Sweep, rows: Sequence[Mapping[str, Any]],
+    stale: Sequence[tuple[Cell, Sequence[SettingChange]]] = (),
+) -> str:
+    """The table as Markdown: mean ± spread over seeds, paired differences with n.
+
+    ``stale`` (:func:`stale_runs`) is listed under the table, one run a line.
+    """
     headings = [*sweep.group_axes, "seeds", "accuracy", "ARI", "clusters",
                 "rounds to target (reached)", "MB sent", "s"]
     for baseline in sweep.baselines:
@@ -201,6 +225,11 @@ def markdown(sweep: Sweep, rows: Sequence[Mapping[str, Any]]) -> str:
                 cells.append(f"{_mean_spread(row, prefix, digits, signed=True)} "
                              f"({row[f'{prefix}_n']})")
         lines.append("| " + " | ".join(cells) + " |")
+    if stale:
+        lines += ["", "Stale runs, counted above: a setting they used has another value now "
+                  "(the next sweep runs them again):", ""]
+        lines += [f"- {cell.name} ran with {'; '.join(map(str, changes))}"
+                  for cell, changes in stale]
     return "\n".join(lines) + "\n"
 
 
@@ -293,7 +322,7 @@ def write_report(
     """Write ``table.csv``, ``table.md`` and (``plots``) the PNGs; their paths."""
     rows = table_rows(sweep, runs)
     write_csv(rows, folder / "table.csv")
-    (folder / "table.md").write_text(markdown(sweep, rows))
+    (folder / "table.md").write_text(markdown(sweep, rows, stale_runs(sweep, runs)))
     written = [folder / "table.csv", folder / "table.md"]
     if plots and any(line.get("status") == "ok" for line in latest_lines(sweep, runs).values()):
         written += write_plots(sweep, runs, folder)

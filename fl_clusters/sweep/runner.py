@@ -5,7 +5,8 @@ all of them on one :class:`~fl_clusters.sweep.simulation.RaySession`.
 
 Each finished run appends one line to ``runs.jsonl`` (flushed to disk at once), so
 a sweep that is stopped and started again skips every cell whose key it finds
-there (:func:`fl_clusters.sweep.cells.cell_key`).
+there (:func:`fl_clusters.sweep.cells.cell_key`), unless a setting that run used
+has another value now (:meth:`fl_clusters.sweep.cells.Cell.changed_settings`).
 """
 
 from __future__ import annotations
@@ -152,17 +153,21 @@ def pending_cells(
     retry_failed: bool,
     only: Mapping[str, set[str]] | None = None,
 ) -> list[Cell]:
-    """The cells without a recorded run (with ``retry_failed``, also those that failed).
+    """The cells without a current run: none recorded, or a stale one (a setting it
+    used has another value now), or with ``retry_failed`` a failed one.
 
     ``only`` (axis -> labels, :func:`fl_clusters.sweep.spec.parse_only`) keeps the
     cells with one of the labels on each axis it names.
     """
     latest = {line["key"]: line for line in runs}
-    return [
-        cell for cell in sweep.cells
-        if (cell.key not in latest or (retry_failed and latest[cell.key]["status"] != "ok"))
-        and cell.selected_by(only or {})
-    ]
+
+    def current(cell: Cell) -> bool:
+        line = latest.get(cell.key)
+        return (line is not None and not (retry_failed and line["status"] != "ok")
+                and not cell.changed_settings(line["settings"]))
+
+    return [cell for cell in sweep.cells
+            if not current(cell) and cell.selected_by(only or {})]
 
 
 def check_resources(

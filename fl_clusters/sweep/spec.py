@@ -274,7 +274,9 @@ def _expand(
     excluded: list[dict[str, set[str]]],
 ) -> tuple[Cell, ...]:
     cells: list[Cell] = []
-    by_key: dict[str, Cell] = {}
+    # Cells are told apart by what they run: a default written out in one cell
+    # and left out in another is the same run twice.
+    by_settings: dict[str, Cell] = {}
     for combination in itertools.product(*(axis.values for axis in axes)):
         labels = {axis.name: label for axis, (label, _) in zip(axes, combination, strict=True)}
         if any(all(labels[name] in wanted for name, wanted in rule.items())
@@ -295,13 +297,14 @@ def _expand(
                 f"cell {name}: {problem} Fix it in [base], [grid] or exclude the cell."
             ) from err
         settings.pop("results-dir")
-        cell = Cell(labels, run_config, settings, cell_key(settings, federation))
-        if cell.key in by_key:
+        cell = Cell(labels, run_config, settings, cell_key(run_config, federation))
+        same = json.dumps(settings, sort_keys=True)
+        if same in by_settings:
             raise SweepFileError(
-                f"cells {by_key[cell.key].name} and {name} have the same run config; give "
+                f"cells {by_settings[same].name} and {name} have the same run config; give "
                 "the axes values that differ, or exclude one"
             )
-        by_key[cell.key] = cell
+        by_settings[same] = cell
         cells.append(cell)
     if not cells:
         raise SweepFileError("exclude leaves out every cell of the grid")
