@@ -12,6 +12,7 @@ in-process job of tests/loopback_runs.py (no Ray).
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import math
@@ -158,10 +159,16 @@ def test_a_lost_node_and_a_late_joiner(runs: Runs, name: str) -> None:
     assert summary["num_clients"] == NUM_CLIENTS - 1
     assert len(summary["per_client_accuracy"]) == NUM_CLIENTS - 1
     assert all(0.0 <= accuracy <= 1.0 for accuracy in summary["per_client_accuracy"])
+    with (summary["_folder"] / "assignments.csv").open() as handle:
+        clusters = {int(row["node_id"]): int(row["assigned_cluster"])
+                    for row in csv.DictReader(handle)}
+    assert ChurnGrid.LOST not in clusters
+    assert 0 <= clusters[ChurnGrid.LATE] < summary["num_cluster_models"]
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_malformed_replies_are_rejected_and_counted(runs: Runs, name: str) -> None:
+    assert runs(name, "whole")["rejected_replies"] == 0
     summary = runs(name, "churn")
     # Two corrupted train replies (a NaN model, no example count) from round 2 on,
     # and the lost node's error replies: each counted, none aggregated.
