@@ -238,7 +238,8 @@ def block(text: str, name: str) -> str:
     start = text.find(opening)
     end = text.find(closing, start)
     if start < 0 or end < 0:
-        raise ValueError(f"the page lacks the block {opening} ... {closing}")
+        raise ValueError(f"the page lacks the block {opening} ... {closing}; put those two "
+                         "lines where its generated table goes")
     return text[start + len(opening):end]
 
 
