@@ -46,6 +46,19 @@ def test_pyproject_lists_the_declared_run_config_keys() -> None:
     )
 
 
+@pytest.mark.parametrize("page", list(_generator().STRATEGY_TABLES), ids=lambda page: page.name)
+def test_every_strategy_table_is_generated_from_the_registry(page: Path) -> None:
+    current = page.read_text()
+    assert _generator().render_blocks(page, current) == current, (
+        f"{page.name}'s strategy table is out of date; run: python docs/generate_strategies.py"
+    )
+
+
+def test_a_strategy_table_without_its_markers_is_refused() -> None:
+    with pytest.raises(ValueError, match="lacks the block <!-- strategies: generated"):
+        _generator().block("| strategy | class |\n", "strategies")
+
+
 def test_a_docstring_default_that_differs_from_the_signature_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -95,7 +95,8 @@ def plugin_table_constructors() -> list[str]:
     """The constructor calls of docs/plugin.md's "which strategies" table, row by row."""
     text = (ROOT / "docs" / "plugin.md").read_text()
     start = text.index("| strategy | in your ServerApp |")
-    rows = text[start:text.index("\n\n", start)].splitlines()[2:]
+    rows = [row for row in text[start:text.index("\n\n", start)].splitlines()[2:]
+            if row.startswith("|")]
     return [call for row in rows
             for call in re.findall(r"`([A-Za-z]+\(.*?\))`", row.split("|")[2])]
 

@@ -87,6 +87,7 @@ class ACFL(HardClusteredStrategy):
 
     name = "acfl"
     paper = "Zhu et al., J. on Communications 2024"
+    client_needs = "`loaders` returning `(train, validation, test)` (below)"
     params = (
         Param("beta", -0.17, "float",
               "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)"),

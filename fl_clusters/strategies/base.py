@@ -87,6 +87,9 @@ class ClusteredStrategy(ServerStrategy, Declared):
     """
 
     paper = "base class of the strategies above"
+    # What a client built on ClusteredClient needs beyond its two wrapped handlers
+    # (docs/plugin.md's table).
+    client_needs: ClassVar[str] = "nothing more"
     params = (PRESET, FRACTION_EVALUATE, MIN_AVAILABLE_NODES, MAX_FAILED_ROUNDS, SEED)
     # Every strategy with a name, by name: what a run config can build.
     registry: ClassVar[dict[str, type[ClusteredStrategy]]] = {}

@@ -71,6 +71,7 @@ class FedEM(ClusteredStrategy):
 
     name = "fedem"
     paper = "Marfoq et al., NeurIPS 2021"
+    client_needs = "nothing more; fl-clusters trains the components (below)"
     params = (
         num_clusters_param(3, low=2),  # M = 1 would be FedAvg
         Param("init", "local-kmeans", "str",

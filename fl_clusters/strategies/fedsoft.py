@@ -92,6 +92,7 @@ class FedSoft(ClusteredStrategy):
 
     name = "fedsoft"
     paper = "Ruan and Joe-Wong, AAAI 2022"
+    client_needs = "`clustered.regularizer(net)` in the loss (below)"
     # No fraction_train: the strategy draws clients_per_cluster nodes per cluster.
     params = (
         num_clusters_param(2),

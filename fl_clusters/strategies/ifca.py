@@ -88,6 +88,7 @@ class IFCA(ClusteredStrategy):
 
     name = "ifca"
     paper = "Ghosh et al., NeurIPS 2020"
+    client_needs = 'nothing more; `mode="gradient"` is refused (below)'
     params = (
         num_clusters_param(4),
         Param("mode", "model", "str", "IFCA model or gradient averaging",
