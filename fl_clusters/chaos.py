@@ -325,18 +325,21 @@ def rounds_done(log: Path) -> int:
 
 
 # -------------------------------------------------------------- the experiment
-def _outcome(folder: Path) -> dict[str, Any]:
+def run_outcome(folder: Path) -> dict[str, Any]:
     """What a run's results folder says about its end."""
     summary = json.loads((folder / "summary.json").read_text())
     rounds = (folder / "rounds.jsonl").read_text().splitlines()
     with np.load(folder / "models.npz") as models:
-        model_keys = sorted(models.files)
+        saved = [cluster for cluster in range(summary["num_cluster_models"])
+                 if any(key.startswith(p.cluster_prefix(cluster)) for key in models.files)]
+        finite = all(np.isfinite(models[key]).all() for key in models.files)
     return {
         "personalized_accuracy": summary["personalized_accuracy"],
         "ari": summary["ari"],
         "num_cluster_models": summary["num_cluster_models"],
         "num_clusters_found": summary["num_clusters_found"],
-        "models_npz_keys": len(model_keys),
+        "models_saved": len(saved),
+        "models_finite": bool(finite),
         "rounds_recorded": len(rounds),
         "num_clients": summary["num_clients"],
         "rejected_replies": summary["rejected_replies"],
@@ -379,7 +382,7 @@ def run_chaos(
     Returns
     -------
     dict[str, Any]
-        ``clean`` and ``chaos``: each run's outcome (:func:`_outcome`); ``chaos``
+        ``clean`` and ``chaos``: each run's outcome (:func:`run_outcome`); ``chaos``
         also holds ``last_round_before_kill``, the faults injected in the rounds the
         result is made of (``faults_injected``: the killed run's up to its
         checkpoint, then the resumed run's) and in the rounds the kill lost
@@ -418,7 +421,7 @@ def run_chaos(
     resumed_folder = resumed.run(folder / "resumed.log", timeout_s)
     seconds["resumed"] = time.monotonic() - started
 
-    chaos = _outcome(resumed_folder)
+    chaos = run_outcome(resumed_folder)
     checkpoint_round = chaos["resumed_after_round"]
     before_kill = read_fault_log(fault_logs["killed"])
     kept = [f for f in before_kill if f["round"] <= checkpoint_round]
@@ -428,7 +431,7 @@ def run_chaos(
         faults_injected=count_faults(kept + read_fault_log(fault_logs["resumed"])),
         faults_lost=count_faults(lost),
     )
-    return {"clean": _outcome(clean_folder), "chaos": chaos, "seconds": seconds}
+    return {"clean": run_outcome(clean_folder), "chaos": chaos, "seconds": seconds}
 
 
 def main(argv: Sequence[str]) -> int:
