@@ -247,6 +247,7 @@ class ChildRun:
 
     @property
     def results_dir(self) -> Path:
+        """The folder that receives the run's results folder."""
         return Path(self.settings["results-dir"])
 
     def start(self, log: Path) -> subprocess.Popen[bytes]:
@@ -271,8 +272,9 @@ class ChildRun:
         try:
             code = child.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            _kill(child)
             raise TimeoutError(f"the run took longer than {timeout_s:g} s; see {log}") from None
+        finally:
+            _kill(child)  # a run past its time
         folders = [path.parent for path in self.results_dir.glob("*/summary.json")]
         if code != 0 or len(folders) != 1:
             raise RuntimeError(f"the run exited with status {code} and {len(folders)} results "
@@ -291,26 +293,30 @@ class ChildRun:
         """
         child = self.start(log)
         deadline = time.monotonic() + timeout_s
-        while True:
-            checkpoint = find_checkpoint(self.results_dir)
-            if checkpoint is not None and rounds_done(log) >= after_round:
-                _kill(child)
-                return checkpoint.parent, rounds_done(log)
-            if child.poll() is not None:
-                raise RuntimeError(f"the run ended (status {child.returncode}) before it was "
-                                   f"killed after round {after_round}; see {log}")
-            if time.monotonic() > deadline:
-                _kill(child)
-                raise TimeoutError(f"round {after_round} and a checkpoint not reached in "
-                                   f"{timeout_s:g} s; see {log}")
-            time.sleep(_POLL_S)
+        try:
+            while True:
+                checkpoint = find_checkpoint(self.results_dir)
+                if checkpoint is not None and rounds_done(log) >= after_round:
+                    _kill(child)
+                    return checkpoint.parent, rounds_done(log)
+                if child.poll() is not None:
+                    raise RuntimeError(f"the run ended (status {child.returncode}) before it "
+                                       f"was killed after round {after_round}; see {log}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"round {after_round} and a checkpoint not reached in "
+                                       f"{timeout_s:g} s; see {log}")
+                time.sleep(_POLL_S)
+        finally:
+            _kill(child)
 
 
 def _kill(child: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the child's session: the simulation and the Ray processes it started."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signal.SIGKILL)
-    child.wait()
+    """SIGKILL the child's session, the simulation and the Ray processes it started,
+    while the child runs (once it has ended, its id may be another process's)."""
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
 
 
 def find_checkpoint(results_dir: Path) -> Path | None:
