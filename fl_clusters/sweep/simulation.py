@@ -19,9 +19,12 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from fl_clusters.apps import pass_ray_messages_inline
+
+if TYPE_CHECKING:
+    from flwr.clientapp.typing import Mod
 
 # Ray's own settings for a simulation (flwr.supercore.constant.DEFAULT_SIMULATION_CONFIG).
 RAY_LOGGING_LEVEL = "WARNING"
@@ -125,12 +128,17 @@ def output_to(log: TextIO) -> Iterator[None]:
 
 
 def simulate(
-    settings: Mapping[str, Any], federation: Mapping[str, Any], timeout_s: float | None
+    settings: Mapping[str, Any],
+    federation: Mapping[str, Any],
+    timeout_s: float | None,
+    client_mods: list[Mod] | None = None,
 ) -> Path:
     """Run one simulated federation with run config ``settings``; its results folder.
 
     ``settings["results-dir"]`` must be a folder of this run alone: the run's
-    results folder is the one it finds there.
+    results folder is the one it finds there. ``client_mods`` are Flower client
+    mods wrapped around every client's handlers (:mod:`fl_clusters.chaos`'s fault
+    injector).
 
     Raises whatever ended the run: the ServerApp's own error (a configuration it
     cannot run, a failed round), or :class:`RunTimeoutError`.
@@ -149,7 +157,7 @@ def simulate(
             prepare_grid=None if timeout_s is None
             else partial(stop_at_deadline, deadline=deadline, limit_s=timeout_s),
         ),
-        client_app=build_client_app(settings),
+        client_app=build_client_app(settings, mods=client_mods),
         num_supernodes=int(federation["num-supernodes"]),
         backend_config={"client_resources": {
             "num_cpus": federation["client-resources-num-cpus"],

@@ -1,0 +1,457 @@
+"""Chaos: client replies that fail at random, and a run killed mid-way and resumed.
+
+:class:`FaultInjector` is a Flower client mod that makes a share of the train and
+evaluate replies fail: the client raises (``crash``), stalls past the round timeout
+(``stall``), or sends a malformed reply (``inf-examples``, ``nan-model``,
+``wrong-shape``, ``missing-key``). The fault of a message is drawn from a hash of
+(seed, node key, round, message type), so the same run config injects the same
+faults, and a resumed run injects in its rounds the faults the uninterrupted run
+would have. Every injection is written as one JSON line to a folder
+(:func:`read_fault_log`), so what was injected is counted, not inferred.
+
+:func:`run_chaos` runs one federation twice with the same seed: clean, and with
+faults, where the simulation process (and the Ray it started) is killed with
+SIGKILL after a checkpoint and resumed from it. Each simulation runs in a child
+process (:func:`main`). tests/test_chaos.py and
+benchmarks/chaos.py use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
+
+from fl_clusters import protocol as p
+from fl_clusters.checkpoint import CHECKPOINT_FILE
+from fl_clusters.client.task import node_key
+
+CRASH, STALL = "crash", "stall"
+MALFORMED = ("inf-examples", "nan-model", "wrong-shape", "missing-key")
+# The faults drawn at equal odds; stalls have a share of their own (FaultInjector).
+REPLY_FAULTS = (CRASH, *MALFORMED)
+FAULTS = (*REPLY_FAULTS, STALL)
+# Rates are whole percents: a message's draw is one of 100 values.
+_DRAWS = 100
+# The progress line the ServerApp prints after every round (fl_clusters.progress).
+_ROUND_DONE = re.compile(r"^round\s+(\d+)/\d+\s", re.MULTILINE)
+# The child's program. Not ``-m fl_clusters.chaos``: there the mod's class would be
+# ``__main__.FaultInjector``, which the Ray workers cannot import.
+_CHILD = "import sys; from fl_clusters.chaos import main; sys.exit(main(sys.argv[1:]))"
+# How often run_until_killed looks at the child's checkpoint and log.
+_POLL_S = 0.1
+
+
+def draw_fault(
+    key: int, server_round: int, message_type: str, rate: float, seed: int,
+    stall_rate: float = 0.0, kinds: Sequence[str] = REPLY_FAULTS,
+) -> str | None:
+    """The fault of one message, or ``None`` (a share ``1 - rate`` of the messages).
+
+    Parameters
+    ----------
+    key : int
+        The node's stable key (:func:`~fl_clusters.client.task.node_key`).
+    server_round : int
+        The message's round (absolute, as a resumed run numbers it).
+    message_type : str
+        ``train`` or ``evaluate``.
+    rate : float
+        The share of messages that fail, stalls included (a whole percent).
+    seed : int
+        The hash's starting value: another seed, other failing messages.
+    stall_rate : float
+        The share of messages that stall (a whole percent, at most ``rate``).
+    kinds : Sequence[str]
+        The other faults, each drawn for an equal part of ``rate - stall_rate``.
+    """
+    draw = zlib.crc32(f"{key}/{server_round}/{message_type}".encode(), seed) % _DRAWS
+    stalls, fails = round(stall_rate * _DRAWS), round(rate * _DRAWS)
+    if draw < stalls:
+        return STALL
+    return kinds[(draw - stalls) % len(kinds)] if draw < fails else None
+
+
+def corrupt(reply: Message, fault: str) -> Message:
+    """``reply`` made malformed by ``fault`` (one of :data:`MALFORMED`).
+
+    ``nan-model`` and ``wrong-shape`` on a reply without a model (an evaluation)
+    remove the metrics instead, as ``missing-key`` does.
+    """
+    metrics = MetricRecord(dict(reply.content.metric_records[p.METRICS]))
+    content = RecordDict({p.METRICS: metrics})
+    arrays = reply.content.array_records.get(p.ARRAYS)
+    if arrays is not None:
+        names = list(arrays.keys())
+        values = [a.numpy().copy() for a in arrays.values()]
+        if fault == "nan-model":
+            values[0].flat[0] = np.nan
+        elif fault == "wrong-shape":
+            values[-1] = np.zeros(values[-1].size + 1, dtype=values[-1].dtype)
+        content[p.ARRAYS] = p.numpy_to_record(names, values)
+    if fault == "inf-examples":
+        metrics[p.M_NUM_EXAMPLES] = float("inf")
+    elif fault == "missing-key" or (fault in ("nan-model", "wrong-shape") and arrays is None):
+        for key in (p.M_TRAIN_LOSS, p.M_ACCURACY):
+            if key in metrics:
+                del metrics[key]
+    reply.content = content
+    return reply
+
+
+@dataclass(frozen=True)
+class FaultInjector:
+    """A Flower client mod that makes a share of the train and evaluate replies fail.
+
+    Pass it to :func:`~fl_clusters.client_app.build_client_app` (``mods=[...]``).
+    Other messages (the handshake, checkpoint state, the final report) pass
+    untouched.
+
+    Parameters
+    ----------
+    rate : float
+        Share of train and evaluate messages that fail, stalls included; a whole
+        percent in [0, 1].
+    seed : int
+        Seed of the draw (:func:`draw_fault`).
+    stall_rate : float
+        Share of messages that stall, a whole percent up to ``rate``. Each round
+        phase with a stall waits the whole ``round-timeout``, so stalls cost wall
+        time the other faults do not.
+    stall_s : float
+        How long a stalled client sleeps before answering; longer than the run's
+        ``round-timeout``, so the server goes on without the reply.
+    kinds : tuple[str, ...]
+        The other faults, a subset of :data:`REPLY_FAULTS`, drawn at equal odds.
+    log_dir : str
+        Folder that receives one JSON line per injected fault (``""``: none).
+    """
+
+    rate: float
+    seed: int = 0
+    stall_rate: float = 0.0
+    stall_s: float = 0.0
+    kinds: tuple[str, ...] = REPLY_FAULTS
+    log_dir: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("rate", "stall_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0 or round(value * _DRAWS) != value * _DRAWS:
+                raise ValueError(f"FaultInjector: {name}={value} is not a whole percent in "
+                                 "[0, 1]")
+        if self.stall_rate > self.rate:
+            raise ValueError(f"FaultInjector: stall_rate={self.stall_rate} exceeds rate="
+                             f"{self.rate}; stalls are part of the failing share")
+        unknown = sorted(set(self.kinds) - set(REPLY_FAULTS))
+        if unknown or not self.kinds:
+            raise ValueError(f"FaultInjector: kinds {list(self.kinds)} must be a non-empty "
+                             f"subset of {list(REPLY_FAULTS)}")
+        if self.stall_rate > 0 and self.stall_s <= 0:
+            raise ValueError("FaultInjector: stall_rate > 0 needs stall_s > 0, longer than "
+                             "the run's round-timeout")
+
+    def fault(self, context: Context, msg: Message) -> str | None:
+        """The fault this node injects into ``msg``, or ``None``."""
+        config = msg.content.config_records.get(p.CONFIG)
+        server_round = int(config.get(p.CFG_ROUND, 0)) if config is not None else 0  # type: ignore[arg-type]
+        return draw_fault(node_key(context), server_round, msg.metadata.message_type,
+                          self.rate, self.seed, self.stall_rate, self.kinds)
+
+    def __call__(
+        self, msg: Message, context: Context, call_next: Callable[[Message, Context], Message]
+    ) -> Message:
+        if msg.metadata.message_type not in (MessageType.TRAIN, MessageType.EVALUATE):
+            return call_next(msg, context)
+        fault = self.fault(context, msg)
+        if fault is None:
+            return call_next(msg, context)
+        self._record(context, msg, fault)
+        if fault == CRASH:
+            raise RuntimeError("injected crash")
+        if fault == STALL:
+            time.sleep(self.stall_s)  # the reply comes after the server stopped waiting
+            return call_next(msg, context)
+        reply = call_next(msg, context)
+        return reply if reply.has_error() else corrupt(reply, fault)
+
+    def _record(self, context: Context, msg: Message, fault: str) -> None:
+        if not self.log_dir:
+            return
+        config = msg.content.config_records.get(p.CONFIG)
+        line = json.dumps({
+            "node": node_key(context),
+            "round": int(config.get(p.CFG_ROUND, 0)) if config is not None else 0,  # type: ignore[arg-type]
+            "message": msg.metadata.message_type,
+            "fault": fault,
+        })
+        # One file per client process: lines of concurrent writers never interleave.
+        with (Path(self.log_dir) / f"faults-{os.getpid()}.jsonl").open("a") as out:
+            out.write(line + "\n")
+
+
+def read_fault_log(folder: Path) -> list[dict[str, Any]]:
+    """Every fault a :class:`FaultInjector` with ``log_dir=folder`` recorded.
+
+    A line without its newline (its process was killed while writing it) is left
+    out: the fault it names may not have happened.
+    """
+    faults = []
+    for path in sorted(folder.glob("faults-*.jsonl")):
+        faults += [json.loads(line) for line in path.read_text().splitlines(keepends=True)
+                   if line.endswith("\n")]
+    return faults
+
+
+def count_faults(faults: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many of ``faults`` are of each kind of :data:`FAULTS` (each listed)."""
+    return {kind: sum(f["fault"] == kind for f in faults) for kind in FAULTS}
+
+
+# ------------------------------------------------------------ runs in a child
+@dataclass(frozen=True)
+class ChildRun:
+    """One simulated federation, run in a child process.
+
+    Parameters
+    ----------
+    settings : Mapping[str, Any]
+        Run config; ``results-dir`` is a folder of this run alone.
+    num_clients : int
+        Simulated SuperNodes.
+    client_cpus : float
+        Ray CPUs per client (below 1, more clients run at once: a stalled client
+        sleeps without holding up the others).
+    faults : FaultInjector | None
+        The client mod injecting faults, if any.
+    """
+
+    settings: Mapping[str, Any]
+    num_clients: int
+    client_cpus: float
+    faults: FaultInjector | None = None
+
+    @property
+    def results_dir(self) -> Path:
+        """The folder that receives the run's results folder."""
+        return Path(self.settings["results-dir"])
+
+    def start(self, log: Path) -> subprocess.Popen[bytes]:
+        """Start the run in a new session (its Ray too), its output in ``log``."""
+        spec = {
+            "settings": dict(self.settings), "num-supernodes": self.num_clients,
+            "client-cpus": self.client_cpus,
+            "faults": None if self.faults is None else dataclasses.asdict(self.faults),
+        }
+        source = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+        with log.open("wb") as out:
+            return subprocess.Popen(
+                [sys.executable, "-c", _CHILD, json.dumps(spec)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )
+
+    def run(self, log: Path, timeout_s: float) -> Path:
+        """Run to the end; the run's results folder."""
+        child = self.start(log)
+        try:
+            code = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"the run took longer than {timeout_s:g} s; see {log}") from None
+        finally:
+            _kill(child)  # a run past its time
+        folders = [path.parent for path in self.results_dir.glob("*/summary.json")]
+        if code != 0 or len(folders) != 1:
+            raise RuntimeError(f"the run exited with status {code} and {len(folders)} results "
+                               f"folders; see {log}")
+        return folders[0]
+
+    def run_until_killed(self, log: Path, after_round: int, timeout_s: float) -> tuple[Path, int]:
+        """Kill the run (SIGKILL to its whole session) once a checkpoint exists and
+        round ``after_round`` is done.
+
+        Returns
+        -------
+        tuple[Path, int]
+            The killed run's results folder (holding its last checkpoint) and the
+            last round it finished.
+        """
+        child = self.start(log)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                checkpoint = find_checkpoint(self.results_dir)
+                if checkpoint is not None and rounds_done(log) >= after_round:
+                    _kill(child)
+                    return checkpoint.parent, rounds_done(log)
+                if child.poll() is not None:
+                    raise RuntimeError(f"the run ended (status {child.returncode}) before it "
+                                       f"was killed after round {after_round}; see {log}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"round {after_round} and a checkpoint not reached in "
+                                       f"{timeout_s:g} s; see {log}")
+                time.sleep(_POLL_S)
+        finally:
+            _kill(child)
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's session, the simulation and the Ray processes it started,
+    while the child runs (once it has ended, its id may be another process's)."""
+    if child.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def find_checkpoint(results_dir: Path) -> Path | None:
+    """The checkpoint a run under ``results_dir`` wrote (its only run), if any."""
+    found = sorted(results_dir.glob(f"*/{CHECKPOINT_FILE}"))
+    return found[0] if found else None
+
+
+def rounds_done(log: Path) -> int:
+    """The last round whose progress line is in the run's output ``log`` (0: none)."""
+    return max(map(int, _ROUND_DONE.findall(log.read_text(errors="replace"))), default=0)
+
+
+# -------------------------------------------------------------- the experiment
+def run_outcome(folder: Path) -> dict[str, Any]:
+    """What a run's results folder says about its end."""
+    summary = json.loads((folder / "summary.json").read_text())
+    rounds = (folder / "rounds.jsonl").read_text().splitlines()
+    with np.load(folder / "models.npz") as models:
+        saved = [cluster for cluster in range(summary["num_cluster_models"])
+                 if any(key.startswith(p.cluster_prefix(cluster)) for key in models.files)]
+        finite = all(np.isfinite(models[key]).all() for key in models.files)
+    return {
+        "personalized_accuracy": summary["personalized_accuracy"],
+        "ari": summary["ari"],
+        "num_cluster_models": summary["num_cluster_models"],
+        "num_clusters_found": summary["num_clusters_found"],
+        "models_saved": len(saved),
+        "models_finite": bool(finite),
+        "rounds_recorded": len(rounds),
+        "num_clients": summary["num_clients"],
+        "rejected_replies": summary["rejected_replies"],
+        "unanswered_messages": summary["unanswered_messages"],
+        "resumed_after_round": summary["resumed_after_round"],
+        "unreported_nodes": len(summary["unreported_nodes"]),
+    }
+
+
+def run_chaos(
+    settings: Mapping[str, Any],
+    num_clients: int,
+    faults: FaultInjector,
+    kill_after_round: int,
+    folder: Path,
+    client_cpus: float = 0.25,
+    timeout_s: float = 1800.0,
+) -> dict[str, Any]:
+    """Run a federation clean, then with faults, killed once and resumed; both outcomes.
+
+    Parameters
+    ----------
+    settings : Mapping[str, Any]
+        The run config of both runs (``seed`` included); needs ``checkpoint-every``
+        > 0 and ``round-timeout`` below ``faults.stall_s``.
+    num_clients : int
+        Simulated SuperNodes.
+    faults : FaultInjector
+        The faults of the chaotic run; its ``log_dir`` is set here.
+    kill_after_round : int
+        The chaotic run is killed once this round is done and a checkpoint exists,
+        then resumed from that checkpoint.
+    folder : Path
+        Receives every run's results, output and the fault log.
+    client_cpus : float
+        Ray CPUs per client.
+    timeout_s : float
+        Limit of each of the three simulations.
+
+    Returns
+    -------
+    dict[str, Any]
+        ``clean`` and ``chaos``: each run's outcome (:func:`run_outcome`); ``chaos``
+        also holds ``last_round_before_kill``, the faults injected in the rounds the
+        result is made of (``faults_injected``: the killed run's up to its
+        checkpoint, then the resumed run's) and in the rounds the kill lost
+        (``faults_lost``); ``seconds`` of each simulation.
+    """
+    if settings.get("checkpoint-every", 0) <= 0:
+        raise ValueError("run_chaos: settings need checkpoint-every > 0 to resume the killed run")
+    if faults.stall_rate > 0 and faults.stall_s <= settings.get("round-timeout", 3600.0):
+        raise ValueError(f"run_chaos: stall_s={faults.stall_s} must exceed round-timeout="
+                         f"{settings.get('round-timeout', 3600.0)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    fault_logs = {name: folder / f"faults-{name}" for name in ("killed", "resumed")}
+    for path in fault_logs.values():
+        path.mkdir(exist_ok=True)
+    seconds = {}
+
+    started = time.monotonic()
+    clean = ChildRun({**settings, "results-dir": str(folder / "clean")}, num_clients, client_cpus)
+    clean_folder = clean.run(folder / "clean.log", timeout_s)
+    seconds["clean"] = time.monotonic() - started
+
+    started = time.monotonic()
+    killed = ChildRun(
+        {**settings, "results-dir": str(folder / "killed")}, num_clients, client_cpus,
+        dataclasses.replace(faults, log_dir=str(fault_logs["killed"])),
+    )
+    killed_folder, last_round = killed.run_until_killed(
+        folder / "killed.log", kill_after_round, timeout_s)
+    seconds["killed"] = time.monotonic() - started
+
+    started = time.monotonic()
+    resumed = ChildRun(
+        {**settings, "results-dir": str(folder / "resumed"), "resume-from": str(killed_folder)},
+        num_clients, client_cpus, dataclasses.replace(faults, log_dir=str(fault_logs["resumed"])),
+    )
+    resumed_folder = resumed.run(folder / "resumed.log", timeout_s)
+    seconds["resumed"] = time.monotonic() - started
+
+    chaos = run_outcome(resumed_folder)
+    checkpoint_round = chaos["resumed_after_round"]
+    before_kill = read_fault_log(fault_logs["killed"])
+    kept = [f for f in before_kill if f["round"] <= checkpoint_round]
+    lost = [f for f in before_kill if f["round"] > checkpoint_round]
+    chaos.update(
+        last_round_before_kill=last_round,
+        faults_injected=count_faults(kept + read_fault_log(fault_logs["resumed"])),
+        faults_lost=count_faults(lost),
+    )
+    return {"clean": run_outcome(clean_folder), "chaos": chaos, "seconds": seconds}
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run one simulation from the JSON spec (``argv[0]``) of :meth:`ChildRun.start`."""
+    from fl_clusters.sweep.simulation import simulate
+
+    spec = json.loads(argv[0])
+    faults = spec["faults"]
+    mods = None if faults is None else [
+        FaultInjector(**{**faults, "kinds": tuple(faults["kinds"])})
+    ]
+    simulate(spec["settings"], {
+        "num-supernodes": spec["num-supernodes"],
+        "client-resources-num-cpus": spec["client-cpus"], "client-resources-num-gpus": 0.0,
+    }, None, client_mods=mods)
+    return 0
+
