@@ -8,6 +8,7 @@ The glue tests drive ``configure_train``/``aggregate_train`` with hand-made repl
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -194,10 +195,15 @@ def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
 
 
 @pytest.mark.usefixtures("server_identity")
-def test_ifca_local_kmeans_needs_one_sampled_node_per_cluster() -> None:
+def test_ifca_local_kmeans_with_too_few_sampled_nodes_is_repeated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ifca = IFCA(4, min_available_nodes=2)
-    with pytest.raises(ValueError, match=r"2 sampled nodes for 4 clusters.*ifca-init='random'"):
-        ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        sent = ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+    assert list(sent) == []
+    assert "2 nodes for 4 clusters" in caplog.text and "ifca-init='random'" in caplog.text
+    assert ifca.aggregate_train(1, []) == (None, None) and ifca.failed_rounds == 1
 
 
 @pytest.mark.usefixtures("server_identity")
