@@ -12,6 +12,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import FRACTION_TRAIN, Param, num_clusters_param
 from fl_clusters.strategies.replies import average_replies, train_losses
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -77,8 +78,6 @@ class FedEM(CentresFromStart):
               "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
         FRACTION_TRAIN,
     )
-    # The final report asks nodes for their mixture's accuracy (fl_clusters.report).
-    mixture = True
 
     def __init__(
         self,
@@ -226,6 +225,16 @@ class FedEM(CentresFromStart):
                 str(node): int(np.argmax(pi)) for node, pi in sorted(self.mixture_weights.items())
             },
         }
+
+    def scoring(self) -> Scoring:
+        """pi per node, the warm start's groups and argmax pi; nodes report their mixture."""
+        fields = self.summary_fields()
+        return Scoring(
+            soft_weights=fields["mixture_weights"],
+            labellings={"warm_start_ari": fields["warm_start_groups"],
+                        "mixture_ari": fields["mixture_clusters"]},
+            report_mixture=True,
+        )
 
     def summary(self) -> None:
         """Log FedEM's settings."""

@@ -20,6 +20,7 @@ from fl_clusters.clustering import (
     selection_probabilities,
     weighted_average,
 )
+from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param, num_clusters_param
 from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -350,6 +351,12 @@ class FedSoft(CentresFromStart):
                 default=0,
             ),
         }
+
+    def scoring(self) -> Scoring:
+        """u per node and the warm start's groups."""
+        fields = self.summary_fields()
+        return Scoring(soft_weights=fields["importance_weights"],
+                       labellings={"warm_start_ari": fields["warm_start_groups"]})
 
     def summary(self) -> None:
         """Log FedSoft's settings."""
