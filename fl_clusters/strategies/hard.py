@@ -13,12 +13,13 @@ from flwr.serverapp import Grid
 from sklearn.metrics import pairwise_distances
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.awcfl import AWCFLOption
+from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER
 from fl_clusters.strategies.replies import average_replies, reply_updates, train_losses
 
 
-class HardClusteredStrategy(ClusteredStrategy):
+class HardClusteredStrategy(AWCFLOption, MCFLOption):
     """Clustered strategies whose server assigns each node to one cluster (CFL, ACFL).
 
     Holds the cluster models of the current round, sends every sampled node its own
@@ -28,10 +29,12 @@ class HardClusteredStrategy(ClusteredStrategy):
 
     Parameters
     ----------
-    fraction_train, fraction_evaluate, min_available_nodes, awcfl_beta, mcfl
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    mcfl_feature_samples, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    awcfl_beta
+        See :class:`~fl_clusters.strategies.awcfl.AWCFLOption`.
+    mcfl, mcfl_feature_samples
+        See :class:`~fl_clusters.strategies.mcfl.MCFLOption`.
     """
 
     paper = "base class of CFL, ACFL, FL+HC and WeCFL; AWCFL and MCFL: Li and Yan 2023"

@@ -19,12 +19,14 @@ from fl_clusters.clustering import (
     unit_rows,
     widest_group,
 )
+from fl_clusters.strategies.awcfl import AWCFLOption
+from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
 from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
-class IFCA(CentresFromStart):
+class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     """IFCA with model averaging or gradient averaging, and optional weight sharing.
 
     Every round the sampled clients receive all k cluster models, take the one with
