@@ -23,8 +23,18 @@ from typing import Any, ClassVar, Literal
 Kind = Literal["int", "float", "bool", "str"]
 # The default of an argument the caller must give (as in inspect.signature).
 REQUIRED = inspect.Parameter.empty
-# A declaration's paper value when its default is the published algorithm's.
-SAME = inspect.Parameter.empty
+
+
+class _SameAsDefault:
+    """The type of :data:`SAME`: a paper value that is the default itself."""
+
+    def __repr__(self) -> str:
+        return "SAME"
+
+
+# A declaration's paper value when its default is the published algorithm's; its
+# own object, so that no other "no value" (REQUIRED, None) can be taken for it.
+SAME = _SameAsDefault()
 PRESETS = ("robust", "paper")
 
 
