@@ -12,6 +12,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import FRACTION_TRAIN, Param, num_clusters_param
 from fl_clusters.strategies.replies import average_replies, train_losses
@@ -100,7 +101,7 @@ class FedEM(CentresFromStart):
         """
         rng = np.random.default_rng(self.seed)
         return p.pack_clusters(
-            [model, *(p.random_like(model, rng) for _ in range(self.num_clusters - 1))]
+            [model, *(random_like(model, rng) for _ in range(self.num_clusters - 1))]
         )
 
     def _messages(
@@ -189,7 +190,7 @@ class FedEM(CentresFromStart):
         """Component m <- the example-weighted mean of group m's models."""
         rng = np.random.default_rng(self.seed)
         # A group k-means left empty (identical updates) starts from a random draw.
-        components = [average_replies(group) if group else p.random_like(start.model, rng)
+        components = [average_replies(group) if group else random_like(start.model, rng)
                       for group in start.members()]
         metrics = MetricRecord(
             {p.M_TRAIN_LOSS: float(np.mean(train_losses(start.replies))),

@@ -20,6 +20,7 @@ from fl_clusters.clustering import (
     selection_probabilities,
     weighted_average,
 )
+from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param, num_clusters_param
 from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
@@ -140,7 +141,7 @@ class FedSoft(CentresFromStart):
         equally, so the first estimate would put all weight on cluster 0.
         """
         rng = np.random.default_rng(self.seed)
-        return p.pack_clusters([p.random_like(model, rng) for _ in range(self.num_clusters)])
+        return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
 
     # ------------------------------------------------------- importance weights
     def estimate_importance(
@@ -310,7 +311,7 @@ class FedSoft(CentresFromStart):
         """Cluster s <- the plain mean of group s's models (a random draw for an empty one)."""
         names = list(start.model.keys())
         rng = np.random.default_rng(self.seed)
-        models = [_plain_mean(members, names) if members else p.random_like(start.model, rng)
+        models = [_plain_mean(members, names) if members else random_like(start.model, rng)
                   for members in start.members()]
         metrics = MetricRecord(
             {

@@ -19,6 +19,7 @@ from fl_clusters.clustering import (
     unit_rows,
     widest_group,
 )
+from fl_clusters.drawing import draw_clusters
 from fl_clusters.strategies.awcfl import AWCFLOption
 from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
@@ -149,7 +150,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         how evenly the sampled clients' loss-based choices spread over the clusters.
         All candidates are scored in one query that carries the initial model and
         the candidates' seeds: each node draws them itself
-        (:func:`~fl_clusters.protocol.draw_clusters`), so the restarts move one
+        (:func:`~fl_clusters.drawing.draw_clusters`), so the restarts move one
         model per node, not ``restarts`` x k.
         """
         seeds = [self.seed + r for r in range(self.restarts)]
@@ -177,7 +178,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         return self._draw(model, seeds[best])
 
     def _draw(self, model: ArrayRecord, seed: int) -> ArrayRecord:
-        return p.draw_clusters(model, self.num_clusters, self.head_layers, seed)
+        return draw_clusters(model, self.num_clusters, self.head_layers, seed)
 
     def centres_from_groups(
         self, server_round: int, start: KMeansStart
