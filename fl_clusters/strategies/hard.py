@@ -31,10 +31,18 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
     ----------
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    awcfl_beta
-        See :class:`~fl_clusters.strategies.awcfl.AWCFLOption`.
-    mcfl, mcfl_feature_samples
-        See :class:`~fl_clusters.strategies.mcfl.MCFLOption`.
+    awcfl_beta : float (default: 0.0)
+        AWCFL inter-cluster weighting (:class:`~fl_clusters.strategies.awcfl.AWCFLOption`):
+        cluster k becomes ``beta/(n-1) * sum of the other clusters + (1-beta) * its
+        own mean``. 0 is plain clustered aggregation.
+    mcfl : bool (default: False)
+        MCFL (:class:`~fl_clusters.strategies.mcfl.MCFLOption`): before round 1
+        every node uploads the mean of ``mcfl_feature_samples`` sampled training
+        inputs; a cluster's feature is the mean over its members' uploads, and at
+        evaluation a node takes the cluster model whose feature is nearest to the
+        mean of its test inputs (inputs only: no test label is read for the choice).
+    mcfl_feature_samples : int (default: 32)
+        n, the training inputs a node averages into its uploaded feature.
     """
 
     paper = "base class of CFL, ACFL, FL+HC and WeCFL; AWCFL and MCFL: Li and Yan 2023"
