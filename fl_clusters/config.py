@@ -22,7 +22,7 @@ from typing import Any
 
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import REQUIRED, Param
+from fl_clusters.strategies.params import FRACTION_TRAIN, REQUIRED, SEED, Param, num_clusters_param
 from fl_clusters.strategies.registry import strategy_names
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
@@ -175,10 +175,9 @@ COMMON_KEYS: tuple[ConfigKey, ...] = (
         help="held-out local validation split (ACFL's incentive test)",
     ),
     ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
-    ConfigKey(
-        "num-clusters", 4, minimum=1,
-        help="k cluster models (IFCA, FedSoft, WeCFL); FedEM's M components",
-    ),
+    # Shared with the strategies: their declaration, so default, bounds and help
+    # are written once.
+    ConfigKey.from_param(num_clusters_param(4)),
     ConfigKey("min-nodes", 2, minimum=1,
               help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
     ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
@@ -186,8 +185,8 @@ COMMON_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("local-steps", 10, minimum=0, help="local SGD steps tau (0 = use epochs)"),
     ConfigKey("lr", 0.1, minimum=0.0, help="client SGD learning rate"),
     ConfigKey("batch-size", 32, minimum=1, help="client mini-batch size"),
-    ConfigKey("fraction-train", 1.0, minimum=0.0, maximum=1.0, help="clients sampled a round"),
-    ConfigKey("seed", 0, minimum=0, help="seed of data partition, init and sampling"),
+    ConfigKey.from_param(FRACTION_TRAIN),
+    ConfigKey.from_param(SEED),
     ConfigKey("device", "auto", choices=DEVICES, help="where clients compute"),
     ConfigKey("results-dir", "results", help="folder that receives one sub-folder a run"),
     ConfigKey("target-accuracy", 0.8, minimum=0.0, maximum=1.0, help="for rounds-to-target"),

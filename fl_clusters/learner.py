@@ -265,12 +265,7 @@ class TorchLearner:
         self.model.train()
         losses: list[float] = []
         while len(losses) < total_steps:
-            batches = (
-                ((x, y, None) for x, y in self._batches("train", batch_size, generator))
-                if weights is None
-                else self._indexed_batches("train", batch_size, generator)
-            )
-            for x, y, idx in batches:
+            for x, y, idx in self._training_batches(batch_size, generator, weights is not None):
                 self.model.zero_grad()
                 per_sample = self.loss_fn(self.model(x), y)
                 loss = (per_sample if weights is None else per_sample * weights[idx]).mean()
@@ -281,6 +276,14 @@ class TorchLearner:
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0
+
+    def _training_batches(
+        self, batch_size: int, generator: torch.Generator, indexed: bool
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """One pass of training batches; with ``indexed`` each batch's sample indices too."""
+        if indexed:
+            return self._indexed_batches("train", batch_size, generator)
+        return ((x, y, None) for x, y in self._batches("train", batch_size, generator))
 
     def _sample_weights(self, sample_weights: np.ndarray | None) -> torch.Tensor | None:
         """``sample_weights`` checked against the training split, as a device tensor."""

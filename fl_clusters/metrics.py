@@ -25,22 +25,22 @@ def recovery_scores(true_groups: np.ndarray, found: np.ndarray) -> tuple[float, 
 
 # Hard clusterings a strategy reports beside its final assignment (summary field
 # -> node id -> label), and the summary key of each one's ARI.
-LABELLINGS = {"warm_start_groups": "warm_start_ari", "mixture_clusters": "mixture_ari"}
+def labelling_scores(
+    rows: list[dict[str, Any]], labellings: Mapping[str, Mapping[str, int]]
+) -> dict[str, Any]:
+    """ARI against the nodes' true clusters of each hard clustering in ``labellings``.
 
-
-def labelling_scores(rows: list[dict[str, Any]], fields: Mapping[str, Any]) -> dict[str, Any]:
-    """ARI against the nodes' true clusters of each clustering of :data:`LABELLINGS` in ``fields``.
-
-    Scored over the nodes that have a label and report ``true-cluster``; a
-    clustering no such node has is left out.
+    ``labellings`` maps the score's key to a clustering (node id as a string ->
+    label). Scored over the nodes that have a label and report ``true-cluster``;
+    a clustering no such node has is left out.
     """
     truth = {str(r["node-id"]): r["true-cluster"] for r in rows if "true-cluster" in r}
     scores: dict[str, Any] = {}
-    for field, key in LABELLINGS.items():
-        known = [node for node in fields.get(field) or {} if node in truth]
+    for key, labels in labellings.items():
+        known = [node for node in labels if node in truth]
         if known:
             scores[key] = recovery_scores(
-                np.array([truth[n] for n in known]), np.array([fields[field][n] for n in known])
+                np.array([truth[n] for n in known]), np.array([labels[n] for n in known])
             )[0]
     return scores
 

@@ -40,7 +40,7 @@ def report_query(
             p.CFG_ASSIGNED: -1 if assigned is None else int(assigned),
             p.CFG_NUM_SAMPLES: settings["mcfl-feature-samples"],
             # FedEM: the node also scores its mixture of the clusters.
-            p.CFG_MIXTURE: bool(strategy.mixture),
+            p.CFG_MIXTURE: strategy.scoring().report_mixture,
         }
     )
     content = RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})

@@ -141,12 +141,11 @@ def strategy_fields(strategy: ServerStrategy, rows: list[dict[str, Any]]) -> dic
     the nodes reported.
     """
     fields = {**strategy.preset_fields(), **strategy.summary_fields()}
-    # FedSoft's u and FedEM's pi are both a node's soft weight of each cluster model.
-    soft = fields.get("importance_weights", fields.get("mixture_weights"))
-    fields.update(soft_clustering_scores(rows, soft))
-    fields.update(labelling_scores(rows, fields))
-    if "cluster_labels" in fields:  # a density clustering (FLDC) with noise labels
-        fields.update(density_clustering_scores(rows, fields["cluster_labels"]))
+    scoring = strategy.scoring()
+    fields.update(soft_clustering_scores(rows, scoring.soft_weights))
+    fields.update(labelling_scores(rows, scoring.labellings))
+    if scoring.density_labels is not None:
+        fields.update(density_clustering_scores(rows, scoring.density_labels))
     features = strategy.mcfl_cluster_features(len(rows[0]["test-accuracy"]))
     if features is not None:
         fields.update(mcfl_scores(rows, features))

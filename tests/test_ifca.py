@@ -8,6 +8,7 @@ The glue tests drive ``configure_train``/``aggregate_train`` with hand-made repl
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from fl_clusters import protocol as p
 from fl_clusters.client.node_data import client_data_for
 from fl_clusters.client_app import build_client_app, register_handlers
 from fl_clusters.config import parse_run_config
+from fl_clusters.drawing import draw_clusters
 from fl_clusters.learner import TorchLearner
 from fl_clusters.server_app import initial_arrays, train_config
 from fl_clusters.strategies import IFCA, cluster_models
@@ -125,7 +127,7 @@ def test_ifca_restarts_are_scored_in_one_query_that_carries_one_model() -> None:
         config = message.content.config_records[p.CONFIG]
         assert list(config[p.CFG_RESTART_SEEDS]) == [5, 6, 7]  # type: ignore[arg-type]
         assert config[p.CFG_NUM_CLUSTERS] == 2 and config[p.CFG_HEAD_LAYERS] == 1
-    expected = p.draw_clusters(start, 2, 1, 6)
+    expected = draw_clusters(start, 2, 1, 6)
     for key in expected:
         np.testing.assert_array_equal(chosen[key].numpy(), expected[key].numpy())
 
@@ -152,7 +154,7 @@ def test_a_client_scores_the_candidates_the_server_draws() -> None:
     losses = list(reply.content.metric_records[p.METRICS][p.M_CLUSTER_LOSSES])  # type: ignore[arg-type]
     expected = [
         float(learner.per_sample_losses(model, "train").mean())
-        for seed in (3, 4) for model in p.unpack_clusters(p.draw_clusters(start, 2, 0, seed))
+        for seed in (3, 4) for model in p.unpack_clusters(draw_clusters(start, 2, 0, seed))
     ]
     assert losses == pytest.approx(expected) and len(set(losses)) == 4
 
@@ -194,10 +196,15 @@ def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
 
 
 @pytest.mark.usefixtures("server_identity")
-def test_ifca_local_kmeans_needs_one_sampled_node_per_cluster() -> None:
+def test_ifca_local_kmeans_with_too_few_sampled_nodes_is_repeated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     ifca = IFCA(4, min_available_nodes=2)
-    with pytest.raises(ValueError, match=r"2 sampled nodes for 4 clusters.*ifca-init='random'"):
-        ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        sent = ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+    assert list(sent) == []
+    assert "2 nodes for 4 clusters" in caplog.text and "ifca-init='random'" in caplog.text
+    assert ifca.aggregate_train(1, []) == (None, None) and ifca.failed_rounds == 1
 
 
 @pytest.mark.usefixtures("server_identity")

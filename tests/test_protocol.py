@@ -4,7 +4,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from fl_clusters import protocol as p
-from fl_clusters.protocol import head_keys, random_like
+from fl_clusters.drawing import random_like
+from fl_clusters.protocol import head_keys
 from fl_clusters.strategies import cluster_models
 
 

@@ -7,18 +7,16 @@ Covers :mod:`fl_clusters.clustering.starts` (pure math),
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
-from flwr.app import Error, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import most_balanced_restart, warm_start_points
 from fl_clusters.strategies import IFCA, FedEM, FedSoft
 from fl_clusters.strategies.replies import count_failed_round
 from fl_clusters.strategies.warm_start import group_local_models, kmeans_start_problem
-from tests.conftest import START, train_reply
+from tests.conftest import START, NodesOnly, train_reply
 
 
 def test_warm_start_points_use_the_output_layer_less_its_mean_row() -> None:
@@ -82,20 +80,18 @@ def test_group_local_models_groups_the_nodes_by_their_updates(
 @pytest.mark.parametrize("strategy", [
     IFCA(num_clusters=2, max_failed_rounds=5),
     FedEM(num_clusters=2, max_failed_rounds=5),
-    FedSoft(num_clusters=2, max_failed_rounds=5),
+    FedSoft(num_clusters=2, init="local-kmeans", max_failed_rounds=5),
 ])
 def test_every_warm_start_round_counts_as_training(
     server_identity: None, strategy: IFCA | FedEM | FedSoft
 ) -> None:
-    """IFCA, FedEM and FedSoft state ``trains=True`` for their warm start alike."""
+    """IFCA, FedEM and FedSoft share one warm start: it counts as training, and a
+    round without a local model per cluster is repeated, not fatal."""
     failed = [Message(Error(code=0, reason="crash"), reply_to=m) for m in _requests([1, 2])]
-    strategy._current = START  # what configure_train's warm start keeps
-    strategy._warm_start = True  # IFCA's marker of its warm-start round
-    strategy._warm_start_round = 1  # FedEM's and FedSoft's
-    # FedSoft refuses to go on without a local model per cluster.
-    with contextlib.suppress(ValueError):
-        strategy.aggregate_train(1, failed)
+    strategy.configure_warm_start(1, START, ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
+    assert strategy.aggregate_train(1, failed) == (None, None)
     assert strategy.failed_rounds == 1
+    assert strategy.warm_start_due(START)  # the next round warm-starts again
 
 
 def test_count_failed_round_resets_counts_and_stops() -> None:

@@ -23,6 +23,7 @@ from fl_clusters.client.choice import training_losses
 from fl_clusters.client.fedem import mixture_scores, mixture_weights_for, stored_mixture_weights
 from fl_clusters.client.task import candidate_models, local_model, node_key, reply, task_config
 from fl_clusters.clustering import best_fit_counts
+from fl_clusters.drawing import draw_clusters
 from fl_clusters.learner import TorchLearner
 from fl_clusters.placement import PLACEMENT, placement_report
 
@@ -169,7 +170,7 @@ def cluster_losses_reply(learner: TorchLearner, message: Message) -> Message:
     model = message.content.array_records[p.ARRAYS]
     losses = []
     for seed in config.get(p.CFG_RESTART_SEEDS, []):  # type: ignore[union-attr]
-        packed = p.draw_clusters(model, int(config[p.CFG_NUM_CLUSTERS]),  # type: ignore[arg-type]
+        packed = draw_clusters(model, int(config[p.CFG_NUM_CLUSTERS]),  # type: ignore[arg-type]
                                  int(config.get(p.CFG_HEAD_LAYERS, 0)), int(seed))  # type: ignore[arg-type]
         losses += [float(learner.per_sample_losses(m, "train").mean())
                    for m in p.unpack_clusters(packed)]

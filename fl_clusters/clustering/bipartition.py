@@ -156,17 +156,14 @@ class CFLSplitDecision:
     refusal: str = ""
 
 
+# The authors split only clusters of more than two: a split of two would leave two
+# single clients without a federation.
 MIN_SPLIT_MEMBERS = 3
 
 
 def decide_cfl_split(
-    updates: np.ndarray,
-    eps1: float,
-    eps2: float,
-    gamma_max: float,
-    *,
-    norms_qualify: bool | None = None,
-    min_structure: float = -1.0,
+    updates: np.ndarray, eps1: float, eps2: float, gamma_max: float, *,
+    norms_qualify: bool | None = None, min_structure: float = -1.0,
 ) -> CFLSplitDecision:
     """Decide whether one CFL cluster splits, from its members' updates this round.
 
@@ -199,15 +196,12 @@ def decide_cfl_split(
     Returns
     -------
     CFLSplitDecision
-        The decision with the norms and the cross similarity that led to it.
-        A cluster with fewer than ``MIN_SPLIT_MEMBERS`` (3) clients never splits:
-        the authors split only clusters of more than two, a split of two would
-        leave two single clients without a federation.
+        The decision with the norms and the cross similarity that led to it; a
+        cluster with fewer than ``MIN_SPLIT_MEMBERS`` (3) clients never splits.
     """
-    if not -1.0 <= gamma_max <= 1.0:
-        raise ValueError(f"gamma_max={gamma_max} is outside [-1, 1]")
-    if not -1.0 <= min_structure <= 1.0:
-        raise ValueError(f"min_structure={min_structure} is outside [-1, 1]")
+    for name, value in (("gamma_max", gamma_max), ("min_structure", min_structure)):
+        if not -1.0 <= value <= 1.0:
+            raise ValueError(f"{name}={value} is outside [-1, 1]")
     mean_norm, max_norm = update_norms(updates)
     if norms_qualify is None:
         norms_qualify = should_split(mean_norm, max_norm, eps1, eps2)
@@ -218,6 +212,22 @@ def decide_cfl_split(
                                 f"{MIN_SPLIT_MEMBERS}")
     similarity = pairwise_cosine(updates)
     labels, max_cross = bipartition_by_cosine(similarity)
+    refusal, structure = _split_refusal(similarity, max_cross, norms_qualify, gamma_max,
+                                        min_structure)
+    return CFLSplitDecision(
+        split=not refusal, labels=np.zeros(count, dtype=np.int64) if refusal else labels,
+        mean_norm=mean_norm, max_norm=max_norm, max_cross_similarity=max_cross,
+        structure_score=structure, refusal=refusal,
+    )
+
+
+def _split_refusal(
+    similarity: np.ndarray, max_cross: float, norms_qualify: bool, gamma_max: float,
+    min_structure: float,
+) -> tuple[str, float]:
+    """The first test that refuses a split of >= 2 members ("" when none), and the
+    group silhouette (NaN where it did not decide)."""
+    count = len(similarity)
     # The group test only decides a split the other tests let through; skipped
     # otherwise (a tree and up to 9 silhouettes per cluster and round).
     refusal = (
@@ -233,13 +243,4 @@ def decide_cfl_split(
     )
     if not refusal and min_structure > -1.0 and structure < min_structure:
         refusal = f"group silhouette {structure:.3f} < {min_structure:.3g}"
-    split = not refusal
-    return CFLSplitDecision(
-        split=split,
-        labels=labels if split else np.zeros(count, dtype=np.int64),
-        mean_norm=mean_norm,
-        max_norm=max_norm,
-        max_cross_similarity=max_cross,
-        structure_score=structure,
-        refusal=refusal,
-    )
+    return refusal, structure

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import INFO
 
 from flwr.app import ArrayRecord
+from flwr.common.logger import log
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import inter_cluster_mix
+from fl_clusters.strategies.base import ClusteredStrategy
 
 
 def mix_clusters(
@@ -44,3 +47,29 @@ def mix_clusters(
     for j, arrays in zip(chosen, mixed, strict=True):
         result[j] = p.numpy_to_record(names, arrays)
     return result
+
+
+class AWCFLOption(ClusteredStrategy):
+    """AWCFL composed into a strategy: the run-config key ``awcfl-beta``.
+
+    The strategy declares ``INTER_CLUSTER``'s ``awcfl_beta`` and passes its
+    aggregated cluster models through :meth:`mix_clusters`: cluster k becomes
+    ``beta/(n-1) * sum of the other clusters + (1-beta) * its own mean``; 0 is
+    plain clustered aggregation.
+    """
+
+    awcfl_beta: float
+
+    def mix_clusters(
+        self, models: list[ArrayRecord], active: Iterable[int] | None = None
+    ) -> list[ArrayRecord]:
+        """AWCFL's inter-cluster weighting of ``models`` (identity when beta is 0).
+
+        See :func:`mix_clusters` (the module's function).
+        """
+        return mix_clusters(models, self.awcfl_beta, active)
+
+    def summary(self) -> None:
+        """Log AWCFL's beta."""
+        log(INFO, "\t├──> AWCFL beta %.2f", self.awcfl_beta)
+        super().summary()

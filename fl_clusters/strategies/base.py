@@ -16,7 +16,6 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
-from fl_clusters.strategies.awcfl import mix_clusters
 from fl_clusters.strategies.evaluation import (
     EvaluateFn,
     cluster_accuracy,
@@ -26,11 +25,9 @@ from fl_clusters.strategies.evaluation import (
     per_cluster_evaluate,
 )
 from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
-from fl_clusters.strategies.mcfl import cluster_features, feature_queries, read_features
 from fl_clusters.strategies.params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
-    INTER_CLUSTER,
     MAX_FAILED_ROUNDS,
     MIN_AVAILABLE_NODES,
     PRESET,
@@ -49,9 +46,10 @@ class ClusteredStrategy(ServerStrategy, Declared):
     strategy runs from any ServerApp exactly like FedAvg. The base tracks which
     cluster each node belongs to, samples nodes reproducibly, rejects (logs and
     skips) error replies and replies with NaN/Inf or wrong shapes, and evaluates
-    each node with the model it would use. With ``mcfl`` every node also receives
-    every cluster model at evaluation and uses the one whose input feature is
-    nearest to the mean of its test inputs (MCFL, Li and Yan 2023).
+    each node with the model it would use. AWCFL and MCFL are options composed
+    into the strategies that offer them
+    (:class:`~fl_clusters.strategies.awcfl.AWCFLOption`,
+    :class:`~fl_clusters.strategies.mcfl.MCFLOption`).
 
     Parameters
     ----------
@@ -66,18 +64,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         Fraction of connected nodes sampled for evaluation each round.
     min_available_nodes : int (default: 2)
         Nodes that must be connected before a round starts.
-    awcfl_beta : float (default: 0.0)
-        AWCFL inter-cluster weighting: cluster k becomes
-        ``beta/(n-1) * sum of the other clusters + (1-beta) * its own mean``.
-        0 is plain clustered aggregation.
-    mcfl : bool (default: False)
-        MCFL: before round 1 every node uploads the mean of
-        ``mcfl_feature_samples`` sampled training inputs; a cluster's feature is
-        the mean over its members' uploads, and at evaluation a node takes the
-        cluster model whose feature is nearest to the mean of its test inputs
-        (inputs only: no test label is read for the choice).
-    mcfl_feature_samples : int (default: 32)
-        n, the training inputs a node averages into its uploaded feature.
     max_failed_rounds : int (default: 3)
         Training rounds in a row without one valid reply after which the run
         stops with a ``RuntimeError`` that lists the clients' errors, instead of
@@ -95,8 +81,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
     registry: ClassVar[dict[str, type[ClusteredStrategy]]] = {}
 
     def __init__(self, **params: Any) -> None:
-        # Also the options the base's methods read in strategies that do not take them.
-        self.init_params(params, defaults=(FRACTION_TRAIN, *INTER_CLUSTER))
+        # Also the option the base's methods read in strategies that do not take it.
+        self.init_params(params, defaults=(FRACTION_TRAIN,))
         # Set by the registry when the run config built the strategy: error
         # messages then name run-config keys instead of constructor arguments.
         self.from_run_config = False
@@ -107,8 +93,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         # Simulated node ids are random per run; ordering by the nodes' stable keys is
         # what makes sampling and aggregation order, hence results, repeat.
         self.nodes = NodeRegistry()
-        self.node_features: dict[int, np.ndarray] = {}
-        self._features_asked: set[int] = set()
         self.rejected_replies = 0
         # Per evaluation round: the cluster each evaluated node used, and each
         # cluster's example-weighted accuracy (for the run's plots and summary).
@@ -161,10 +145,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         _, all_nodes = sample_nodes(grid, self.min_available_nodes, 0)
         if self.nodes.started:
             self.learn_node_keys(grid, all_nodes)
-            if self.mcfl:
-                # A node that joined after the start uploads its feature too, so
-                # its cluster's MCFL feature includes it once it has a cluster.
-                self.collect_features(grid, all_nodes)
+            self.meet_nodes(grid, all_nodes)
         return self.nodes.sample(all_nodes, fraction, self.rng)
 
     @staticmethod
@@ -231,14 +212,12 @@ class ClusteredStrategy(ServerStrategy, Declared):
             )
         return valid
 
-    def mix_clusters(
-        self, models: list[ArrayRecord], active: Iterable[int] | None = None
-    ) -> list[ArrayRecord]:
-        """AWCFL's inter-cluster weighting of ``models`` (identity when beta is 0).
+    def meet_nodes(self, grid: Grid, nodes: list[int]) -> None:
+        """Hook: the connected ``nodes``, once their keys are known; nothing by default.
 
-        See :func:`~fl_clusters.strategies.awcfl.mix_clusters`.
+        Called at the start and whenever nodes are sampled, so an option that asks
+        every node for something once (MCFL's features) reaches late joiners too.
         """
-        return mix_clusters(models, self.awcfl_beta, active)
 
     # ---------------------------------------------------------------------- run
     def start(  # type: ignore[override]
@@ -249,7 +228,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         evaluate_fn: EvaluateFn | None = None,
         **kwargs: Any,
     ) -> Result:
-        """Run ``Strategy.start`` after a start-up handshake (and MCFL's features).
+        """Run ``Strategy.start`` after a start-up handshake (:meth:`prepare`).
 
         The handshake learns every node's stable key (:meth:`learn_node_keys`);
         nodes that join later are asked when they are first sampled.
@@ -266,7 +245,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
 
     def prepare(self, grid: Grid, timeout: float) -> None:
-        """The handshake, then MCFL's features; ``timeout`` bounds every send.
+        """The handshake, then :meth:`meet_nodes`; ``timeout`` bounds every send.
 
         Nodes already known (a resumed run, :mod:`fl_clusters.checkpoint`) are not
         asked again.
@@ -275,8 +254,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         self.nodes.started = True
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         self.learn_node_keys(grid, nodes)
-        if self.mcfl:
-            self.collect_features(grid, nodes)
+        self.meet_nodes(grid, nodes)
 
     def send(self, grid: Grid, messages: Iterable[Message]) -> list[Message]:
         """Send strategy-internal ``messages``; the replies that came within the round timeout.
@@ -299,33 +277,10 @@ class ClusteredStrategy(ServerStrategy, Declared):
         replies = self.send(grid, self.broadcast(nodes, record, MessageType.TRAIN))
         return self.check_replies(replies, start, stage, trains=False)
 
-    # --------------------------------------------------------------------- MCFL
-    def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
-        """MCFL: ask the nodes whose feature is unknown for their mean training input.
-
-        A node's data does not change, so each node is asked once: one that gave no
-        usable feature is not asked (and waited for) again every round. Replies that
-        are not a finite vector of the common length are logged and skipped.
-        """
-        missing = sorted(set(nodes) - self._features_asked)
-        if not missing:
-            return
-        self._features_asked.update(missing)
-        queries = feature_queries(missing, self.mcfl_feature_samples)
-        replies = self.send(grid, self.build_messages(queries, p.QUERY_FEATURES))
-        valid = self.check_replies(replies, None, "mcfl features", trains=False)
-        found, rejected = read_features(valid, self.node_features)
-        self.node_features.update(found)
-        self.rejected_replies += rejected
-
     def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
-        """MCFL's (k, D) cluster features (:func:`~fl_clusters.strategies.mcfl.cluster_features`).
-
-        ``None`` when MCFL is off or no member has a feature.
-        """
-        if not self.mcfl:
-            return None
-        return cluster_features(self.node_features, self.assignments, num_clusters)
+        """None: only a strategy with MCFL (:class:`~fl_clusters.strategies.mcfl.MCFLOption`)
+        has cluster features."""
+        return None
 
     # --------------------------------------------------------------- evaluation
     def configure_evaluate(
@@ -396,6 +351,5 @@ class ClusteredStrategy(ServerStrategy, Declared):
         log(INFO, "\t├──> Preset %s%s", self.preset, f" ({changes})" if changes else "")
         log(INFO, "\t├──> Sampling: train %.2f | evaluate %.2f | min available %d",
             self.fraction_train, self.fraction_evaluate, self.min_available_nodes)
-        log(INFO, "\t└──> AWCFL beta %.2f | MCFL %s (n=%d) | seed %d", self.awcfl_beta,
-            "on" if self.mcfl else "off", self.mcfl_feature_samples, self.seed)
+        log(INFO, "\t└──> Seed %d", self.seed)
 

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import (
+    CFLSplitDecision,
     closest_direction,
     coherence_split_gate,
     decide_cfl_split,
@@ -282,20 +283,24 @@ class CFL(HardClusteredStrategy):
             groups[new_cluster] = [m for m, side in sides if side == 1]
             self._release_absent_members(cluster, trained)
             self.split_rounds.append(server_round)
-            verdicts.append(
-                f"{verdict}; cross similarity {decision.max_cross_similarity:.3f} < "
-                f"{self.split_threshold:.3g}, group silhouette "
-                + ("test off" if self.min_silhouette <= -1.0 else
-                   f"{decision.structure_score:.3f} >= {self.min_silhouette:.3g}")
-                + f": SPLIT into {len(groups[cluster])} + {len(groups[new_cluster])} "
-                f"(new cluster {new_cluster})"
-            )
+            verdicts.append(f"{verdict}; " + self._split_text(
+                decision, len(groups[cluster]), len(groups[new_cluster]), new_cluster))
         log(INFO, "CFL round %d gate: %s", server_round, " | ".join(verdicts))
         packed, metrics = self.aggregate_clusters(models, groups)
         # The largest norms over the clusters: the split test's inputs, for tuning eps1/eps2.
         metrics["mean-update-norm"] = float(max(mean_norms))
         metrics["max-update-norm"] = float(max(max_norms))
         return packed, metrics
+
+    def _split_text(
+        self, decision: CFLSplitDecision, stay: int, move: int, new_cluster: int
+    ) -> str:
+        """Why a cluster split, and into what, for the round's gate line."""
+        structure = ("test off" if self.min_silhouette <= -1.0 else
+                     f"{decision.structure_score:.3f} >= {self.min_silhouette:.3g}")
+        return (f"cross similarity {decision.max_cross_similarity:.3f} < "
+                f"{self.split_threshold:.3g}, group silhouette {structure}: SPLIT into "
+                f"{stay} + {move} (new cluster {new_cluster})")
 
     def _gate(
         self, server_round: int, updates: np.ndarray, coherence: float | None = None

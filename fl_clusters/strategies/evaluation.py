@@ -8,7 +8,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.mcfl import add_cluster_features
 from fl_clusters.strategies.replies import num_examples
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
@@ -102,3 +101,10 @@ def cluster_accuracy(valid: Sequence[Message], used: dict[int, int]) -> dict[int
             weights=[num_examples(m) for m in members],
         ))
     return per_cluster
+
+
+def add_cluster_features(config: ConfigRecord, features: np.ndarray) -> None:
+    """Put the clusters that have a feature, and their features, into an evaluate config."""
+    usable = np.flatnonzero(np.all(np.isfinite(features), axis=1))
+    config[p.CFG_MCFL_CLUSTERS] = usable.tolist()
+    config[p.CFG_MCFL_FEATURES] = features[usable].ravel().tolist()

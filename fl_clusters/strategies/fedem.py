@@ -12,18 +12,14 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.drawing import random_like
+from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import FRACTION_TRAIN, Param, num_clusters_param
 from fl_clusters.strategies.replies import average_replies, train_losses
-from fl_clusters.strategies.warm_start import (
-    enough_local_models,
-    group_local_models,
-    kmeans_start_problem,
-    warm_start_messages,
-)
+from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
-class FedEM(ClusteredStrategy):
+class FedEM(CentresFromStart):
     """FedEM, following Algorithm 1 of the paper (federated EM).
 
     Every client's data are modelled as a mixture of M shared components with
@@ -84,8 +80,6 @@ class FedEM(ClusteredStrategy):
               "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
         FRACTION_TRAIN,
     )
-    # The final report asks nodes for their mixture's accuracy (fl_clusters.report).
-    mixture = True
 
     def __init__(
         self,
@@ -96,12 +90,10 @@ class FedEM(ClusteredStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_clusters=num_clusters, init=init, init_steps=init_steps, **kwargs)
-        self.warm_start_groups: dict[int, int] = {}
-        self._warm_start_round: int | None = None
         self.mixture_weights: dict[int, np.ndarray] = {}
         self._current = ArrayRecord()
 
-    def initialize(self, model: ArrayRecord) -> ArrayRecord:
+    def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
         """Pack ``model`` (the user's ``initial_arrays``) and M - 1 independent draws at its scale.
 
         The paper draws the M components independently; a freshly initialized
@@ -110,18 +102,8 @@ class FedEM(ClusteredStrategy):
         """
         rng = np.random.default_rng(self.seed)
         return p.pack_clusters(
-            [model, *(p.random_like(model, rng) for _ in range(self.num_clusters - 1))]
+            [model, *(random_like(model, rng) for _ in range(self.num_clusters - 1))]
         )
-
-    def _components(self, arrays: ArrayRecord) -> ArrayRecord:
-        if not p.is_packed(arrays):
-            return self.initialize(arrays)
-        if p.num_packed_clusters(arrays) != self.num_clusters:
-            raise ValueError(
-                f"initial_arrays pack {p.num_packed_clusters(arrays)} components but "
-                f"num_clusters={self.num_clusters}; pass a plain model or M packed ones"
-            )
-        return arrays
 
     def _messages(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, fraction: float,
@@ -140,9 +122,9 @@ class FedEM(ClusteredStrategy):
         """Send all M components to the sampled nodes (the initial model in a warm start)."""
         if self.fraction_train == 0.0:
             return []
-        if not p.is_packed(arrays) and self.init == "local-kmeans":
-            return self._configure_warm_start(server_round, arrays, config, grid)
-        self._current = self._components(arrays)
+        if self.warm_start_due(arrays):
+            return self.configure_warm_start(server_round, arrays, config, grid)
+        self._current = self.initial_centres(arrays)
         messages = self._messages(server_round, self._current, config, self.fraction_train,
                                   grid, MessageType.TRAIN)
         log(INFO, "configure_train: %d nodes train all %d components", len(messages),
@@ -169,8 +151,8 @@ class FedEM(ClusteredStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Component m <- mean of the nodes' component m, weighted by their examples."""
-        if server_round == self._warm_start_round:
-            return self._aggregate_warm_start(server_round, replies)
+        if self.in_warm_start(server_round):
+            return self.aggregate_warm_start(server_round, replies)
         valid = []
         for msg in self.check_replies(replies, self._current, "aggregate_train", trains=True):
             problem = self._mixture_problem(msg)
@@ -203,46 +185,17 @@ class FedEM(ClusteredStrategy):
         return average_replies(valid), metrics
 
     # --------------------------------------------------------------- warm start
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """The k-means warm start needs a local model per component in round 1."""
-        return kmeans_start_problem("FedEM", self.init, num_nodes, self.fraction_train,
-                                    self.num_clusters, "set fedem-init='random'")
-
-    def _configure_warm_start(
-        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        """``init="local-kmeans"``: every sampled node trains the single initial model."""
-        nodes = self.sample(grid, self.fraction_train)
-        self._current = model
-        self._warm_start_round = server_round
-        node_config = self.round_config(config, server_round)
-        node_config[p.CFG_STEPS] = self.init_steps
-        log(INFO, "configure_train: FedEM warm start, %d nodes train the initial model "
-            "(asked for %d local steps)", len(nodes), self.init_steps)
-        return warm_start_messages(nodes, model, node_config)
-
-    def _aggregate_warm_start(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Group the first local models by k-means; component m <- mean of group m."""
-        model = self._current
-        valid = self.check_replies(replies, model, "aggregate_train", trains=True)
-        if not enough_local_models("FedEM", server_round, valid, self.num_clusters,
-                                   "fedem-init='random'"):
-            # The result stays the plain model, so the next round warm-starts again.
-            return None, None
-        start = group_local_models(valid, model, self.num_clusters, self.seed)
+    def centres_from_groups(
+        self, server_round: int, start: KMeansStart
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        """Component m <- the example-weighted mean of group m's models."""
         rng = np.random.default_rng(self.seed)
         # A group k-means left empty (identical updates) starts from a random draw.
-        components = [average_replies(group) if group else p.random_like(model, rng)
+        components = [average_replies(group) if group else random_like(start.model, rng)
                       for group in start.members()]
-        self.warm_start_groups = start.node_groups()
-        # The hard view until the nodes report their first pi.
-        self.assignments.update(self.warm_start_groups)
-        start.log("FedEM", server_round, self.init_steps)
         metrics = MetricRecord(
-            {p.M_TRAIN_LOSS: float(np.mean(train_losses(valid))), "num-trained": len(valid),
-             "warm-start-group-sizes": start.sizes()}
+            {p.M_TRAIN_LOSS: float(np.mean(train_losses(start.replies))),
+             "num-trained": len(start.replies), "warm-start-group-sizes": start.sizes()}
         )
         return p.pack_clusters(components), metrics
 
@@ -274,6 +227,16 @@ class FedEM(ClusteredStrategy):
                 str(node): int(np.argmax(pi)) for node, pi in sorted(self.mixture_weights.items())
             },
         }
+
+    def scoring(self) -> Scoring:
+        """pi per node, the warm start's groups and argmax pi; nodes report their mixture."""
+        fields = self.summary_fields()
+        return Scoring(
+            soft_weights=fields["mixture_weights"],
+            labellings={"warm_start_ari": fields["warm_start_groups"],
+                        "mixture_ari": fields["mixture_clusters"]},
+            report_mixture=True,
+        )
 
     def summary(self) -> None:
         """Log FedEM's settings."""

@@ -20,14 +20,11 @@ from fl_clusters.clustering import (
     selection_probabilities,
     weighted_average,
 )
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.drawing import random_like
+from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param, num_clusters_param
-from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
-from fl_clusters.strategies.warm_start import (
-    group_local_models,
-    kmeans_start_problem,
-    warm_start_messages,
-)
+from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
+from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
 def _plain_mean(replies: list[Message], names: list[str]) -> ArrayRecord:
@@ -36,7 +33,7 @@ def _plain_mean(replies: list[Message], names: list[str]) -> ArrayRecord:
                                                      [1.0] * len(replies)))
 
 
-class FedSoft(ClusteredStrategy):
+class FedSoft(CentresFromStart):
     """FedSoft, following Algorithm 1 of the paper.
 
     Every ``tau`` rounds (from round 1) all nodes receive the S cluster models and
@@ -91,6 +88,9 @@ class FedSoft(ClusteredStrategy):
     """
 
     name = "fedsoft"
+    # k-means groups the nodes' whole updates (IFCA and FedEM group the output
+    # layer's); kept as measured (docs/results.md).
+    warm_start_features = "whole-update"
     paper = "Ruan and Joe-Wong, AAAI 2022"
     client_needs = "`clustered.regularizer(net)` in the loss (below)"
     # No fraction_train: the strategy draws clients_per_cluster nodes per cluster.
@@ -122,9 +122,6 @@ class FedSoft(ClusteredStrategy):
             clients_per_cluster=clients_per_cluster, proximal_lambda=proximal_lambda, init=init,
             **kwargs,
         )
-        self.warm_start_groups: dict[int, int] = {}
-        self._warm_start_round: int | None = None
-        self._warm_start_steps = 0  # local-steps the warm start asked for (0: epochs)
         self.importance: dict[int, np.ndarray] = {}
         self.num_train_examples: dict[int, float] = {}
         self.estimate_rounds: list[int] = []
@@ -138,14 +135,14 @@ class FedSoft(ClusteredStrategy):
         self._estimate_asked: set[int] = set()
 
     # ------------------------------------------------------------ initialization
-    def initialize(self, model: ArrayRecord) -> ArrayRecord:
+    def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
         """Pack S cluster models drawn independently at the scale of ``model``.
 
         They must start different: S copies of one model would fit every sample
         equally, so the first estimate would put all weight on cluster 0.
         """
         rng = np.random.default_rng(self.seed)
-        return p.pack_clusters([p.random_like(model, rng) for _ in range(self.num_clusters)])
+        return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
 
     # ------------------------------------------------------- importance weights
     def estimate_importance(
@@ -205,14 +202,9 @@ class FedSoft(ClusteredStrategy):
         """Estimate u when due, draw K nodes per cluster, send one task per drawn node."""
         if not p.is_packed(arrays):
             self._node_start = arrays
-            if self.init == "local-kmeans":
-                return self._configure_warm_start(server_round, arrays, config, grid)
-            arrays = self.initialize(arrays)
-        elif p.num_packed_clusters(arrays) != self.num_clusters:
-            raise ValueError(
-                f"initial_arrays pack {p.num_packed_clusters(arrays)} clusters but "
-                f"num_clusters={self.num_clusters}; pass a plain model or S packed ones"
-            )
+        if self.warm_start_due(arrays):
+            return self.configure_warm_start(server_round, arrays, config, grid)
+        arrays = self.initial_centres(arrays)
         self._current = arrays
         if (server_round - 1) % self.tau == 0 or not self.importance:
             self.estimate_importance(server_round, arrays, grid)
@@ -257,8 +249,8 @@ class FedSoft(ClusteredStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Cluster s <- plain mean of the models returned by the nodes drawn for s."""
-        if server_round == self._warm_start_round:
-            return self._aggregate_warm_start(server_round, replies)
+        if self.in_warm_start(server_round):
+            return self.aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         replies = list(replies)
         # A node that failed may have lost its state (a restart): send it a start again.
@@ -291,53 +283,41 @@ class FedSoft(ClusteredStrategy):
         return p.pack_clusters(new_models), metrics
 
     # --------------------------------------------------------------- warm start
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """The k-means warm start needs a node per cluster in round 1 (all nodes train)."""
-        return kmeans_start_problem("FedSoft", self.init, num_nodes, 1.0, self.num_clusters,
-                                    "set fedsoft-init='random'")
-
-    def _configure_warm_start(
-        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        """``init="local-kmeans"``: every node trains its own model once from ``model``."""
+    def warm_start_nodes(self, grid: Grid) -> list[int]:
+        """Every connected node trains its own model once from the initial model."""
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        return nodes
+
+    def warm_start_fraction(self) -> float:
+        """All nodes train in the warm start."""
+        return 1.0
+
+    def warm_start_config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
+        """One local task on the node's persistent model (no proximal term)."""
         node_config = self.round_config(config, server_round)
         node_config[p.CFG_PERSISTENT] = True
-        messages = warm_start_messages(nodes, model, node_config)
-        self._current = model
-        self._warm_start_round = server_round
-        self._warm_start_steps = int(config.get(p.CFG_STEPS, 0))  # type: ignore[arg-type]
+        return node_config
+
+    def configure_warm_start(
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """The warm start's messages; records the tasks per node."""
+        messages = super().configure_warm_start(server_round, model, config, grid)
         self.train_tasks[server_round] = dict(Counter(m.metadata.dst_node_id for m in messages))
-        log(INFO, "configure_train: warm start, %d nodes train their own model once",
-            len(messages))
         return messages
 
-    def _aggregate_warm_start(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Group the nodes' first updates with k-means; cluster s <- mean of group s.
-
-        K-means groups the whole updates (IFCA and FedEM group the output layer's).
-        """
-        valid = self.check_replies(replies, self._current, "fedsoft warm start", trains=True)
-        if len(valid) < self.num_clusters:
-            raise ValueError(
-                f"FedSoft warm start: {len(valid)} valid local models for "
-                f"{self.num_clusters} clusters; k-means needs at least one per cluster. "
-                f"Fix the failing nodes, add nodes, or use init='random'"
-            )
-        start = group_local_models(valid, self._current, self.num_clusters, self.seed,
-                                   points=reply_updates(valid, self._current))
-        names = list(self._current.keys())
-        models = [_plain_mean(members, names) for members in start.members()]
-        self.warm_start_groups = start.node_groups()
-        # The hard view until the first importance estimate replaces it.
-        self.assignments.update(self.warm_start_groups)
-        start.log("FedSoft", server_round, self._warm_start_steps)
+    def centres_from_groups(
+        self, server_round: int, start: KMeansStart
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        """Cluster s <- the plain mean of group s's models (a random draw for an empty one)."""
+        names = list(start.model.keys())
+        rng = np.random.default_rng(self.seed)
+        models = [_plain_mean(members, names) if members else random_like(start.model, rng)
+                  for members in start.members()]
         metrics = MetricRecord(
             {
-                p.M_TRAIN_LOSS: float(np.mean(train_losses(valid))),
-                "num-trained": len(valid),
+                p.M_TRAIN_LOSS: float(np.mean(train_losses(start.replies))),
+                "num-trained": len(start.replies),
                 "warm-start-group-sizes": start.sizes(),
                 "max-tasks-per-node": max(self.train_tasks[server_round].values(), default=0),
             }
@@ -373,6 +353,12 @@ class FedSoft(ClusteredStrategy):
                 default=0,
             ),
         }
+
+    def scoring(self) -> Scoring:
+        """u per node and the warm start's groups."""
+        fields = self.summary_fields()
+        return Scoring(soft_weights=fields["importance_weights"],
+                       labellings={"warm_start_ari": fields["warm_start_groups"]})
 
     def summary(self) -> None:
         """Log FedSoft's settings."""

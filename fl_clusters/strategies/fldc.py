@@ -17,6 +17,7 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import average_replies, reply_layers
 
@@ -250,6 +251,12 @@ class FLDC(ClusteredStrategy):
             "late_labels": {str(node): label for node, label in self.late_labels.items()},
             "k_distance_curve": self.clustering.k_distances_.tolist(),
         }
+
+    def scoring(self) -> Scoring:
+        """DBSCAN's labels, noise included, once it clustered."""
+        if self.clustering is None:
+            return Scoring()
+        return Scoring(density_labels={str(node): label for node, label in self.labels.items()})
 
     def write_artifacts(self, folder: Path) -> list[Path]:
         """Write the k-distance curve with the chosen eps as ``k_distance.png``."""

@@ -13,12 +13,13 @@ from flwr.serverapp import Grid
 from sklearn.metrics import pairwise_distances
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.awcfl import AWCFLOption
+from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER
 from fl_clusters.strategies.replies import average_replies, reply_updates, train_losses
 
 
-class HardClusteredStrategy(ClusteredStrategy):
+class HardClusteredStrategy(AWCFLOption, MCFLOption):
     """Clustered strategies whose server assigns each node to one cluster (CFL, ACFL).
 
     Holds the cluster models of the current round, sends every sampled node its own
@@ -28,10 +29,20 @@ class HardClusteredStrategy(ClusteredStrategy):
 
     Parameters
     ----------
-    fraction_train, fraction_evaluate, min_available_nodes, awcfl_beta, mcfl
+    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
         See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
-    mcfl_feature_samples, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+    awcfl_beta : float (default: 0.0)
+        AWCFL inter-cluster weighting (:class:`~fl_clusters.strategies.awcfl.AWCFLOption`):
+        cluster k becomes ``beta/(n-1) * sum of the other clusters + (1-beta) * its
+        own mean``. 0 is plain clustered aggregation.
+    mcfl : bool (default: False)
+        MCFL (:class:`~fl_clusters.strategies.mcfl.MCFLOption`): before round 1
+        every node uploads the mean of ``mcfl_feature_samples`` sampled training
+        inputs; a cluster's feature is the mean over its members' uploads, and at
+        evaluation a node takes the cluster model whose feature is nearest to the
+        mean of its test inputs (inputs only: no test label is read for the choice).
+    mcfl_feature_samples : int (default: 32)
+        n, the training inputs a node averages into its uploaded feature.
     """
 
     paper = "base class of CFL, ACFL, FL+HC and WeCFL; AWCFL and MCFL: Li and Yan 2023"

@@ -19,18 +19,15 @@ from fl_clusters.clustering import (
     unit_rows,
     widest_group,
 )
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.drawing import draw_clusters
+from fl_clusters.strategies.awcfl import AWCFLOption
+from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
 from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
-from fl_clusters.strategies.warm_start import (
-    enough_local_models,
-    group_local_models,
-    kmeans_start_problem,
-    warm_start_messages,
-)
+from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
-class IFCA(ClusteredStrategy):
+class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     """IFCA with model averaging or gradient averaging, and optional weight sharing.
 
     Every round the sampled clients receive all k cluster models, take the one with
@@ -139,10 +136,8 @@ class IFCA(ClusteredStrategy):
             reseed_after=reseed_after, **kwargs,
         )
         self.reseeds: list[tuple[int, int, int]] = []
-        self.init_groups: dict[int, int] = {}
         self._idle_rounds = np.zeros(num_clusters, dtype=np.int64)
         self._current = ArrayRecord()
-        self._warm_start = False
 
     def assignment_for(self, node_id: int) -> int | None:
         """IFCA clients choose their cluster themselves, by loss, every time."""
@@ -156,7 +151,7 @@ class IFCA(ClusteredStrategy):
         how evenly the sampled clients' loss-based choices spread over the clusters.
         All candidates are scored in one query that carries the initial model and
         the candidates' seeds: each node draws them itself
-        (:func:`~fl_clusters.protocol.draw_clusters`), so the restarts move one
+        (:func:`~fl_clusters.drawing.draw_clusters`), so the restarts move one
         model per node, not ``restarts`` x k.
         """
         seeds = [self.seed + r for r in range(self.restarts)]
@@ -184,50 +179,17 @@ class IFCA(ClusteredStrategy):
         return self._draw(model, seeds[best])
 
     def _draw(self, model: ArrayRecord, seed: int) -> ArrayRecord:
-        return p.draw_clusters(model, self.num_clusters, self.head_layers, seed)
+        return draw_clusters(model, self.num_clusters, self.head_layers, seed)
 
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """The k-means warm start needs a local model per cluster in round 1."""
-        return kmeans_start_problem("IFCA", self.init, num_nodes, self.fraction_train,
-                                    self.num_clusters, "set ifca-init='random'")
-
-    def _configure_warm_start(
-        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        """``init="local-kmeans"``: every sampled node trains the single initial model."""
-        self._warm_start = True
-        self._current = model
-        node_config = self.round_config(config, server_round)
-        node_config[p.CFG_STEPS] = self.init_steps
-        nodes = self.sample(grid, self.fraction_train)
-        if len(nodes) < self.num_clusters:
-            raise ValueError(
-                f"IFCA warm start: {len(nodes)} sampled nodes for {self.num_clusters} "
-                f"clusters; k-means needs one local model per cluster. Sample more nodes "
-                f"(fraction-train), add nodes, or use ifca-init='random'"
-            )
-        log(INFO, "configure_train: IFCA warm start, %d nodes train the initial model "
-            "(asked for %d local steps)", len(nodes), self.init_steps)
-        return warm_start_messages(nodes, model, node_config)
-
-    def _aggregate_warm_start(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Group the first local models by k-means; cluster j <- mean of group j."""
-        self._warm_start = False
-        model = self._current
-        valid = self.check_replies(replies, model, "ifca warm start", trains=True)
-        if not enough_local_models("IFCA", server_round, valid, self.num_clusters,
-                                   "ifca-init='random'"):
-            return None, None
-        start = group_local_models(valid, model, self.num_clusters, self.seed)
+    def centres_from_groups(
+        self, server_round: int, start: KMeansStart
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        """Cluster j's head <- group j's update; the shared body <- every reply's."""
+        model, valid = start.model, start.replies
         heads, body = self._split_keys(model)
         new_heads = [self._step(p.split_shared(model, heads)[1], group, heads, len(valid))
                      if group else None for group in start.members()]
         if any(head is None for head in new_heads):
-            # Fewer distinct local models than clusters (e.g. identical updates): a
-            # cluster without a group starts from a random draw, as in the paper's
-            # start, rather than as a copy of another cluster that would never win.
             log(WARNING, "round %d: IFCA warm start: k-means left clusters %s empty; they "
                 "start from a random draw", server_round,
                 [j for j, head in enumerate(new_heads) if head is None])
@@ -236,9 +198,6 @@ class IFCA(ClusteredStrategy):
                          for j, head in enumerate(new_heads)]
         shared = self._step(p.split_shared(model, heads)[0], valid, body, len(valid)) if body \
             else None
-        self.init_groups = start.node_groups()
-        self.assignments.update(self.init_groups)
-        start.log("IFCA", server_round, self.init_steps)
         return p.pack_clusters(new_heads, shared=shared), self._metrics(valid, start.sizes())
 
     def _split_keys(self, model: ArrayRecord) -> tuple[list[str], list[str]]:
@@ -263,15 +222,9 @@ class IFCA(ClusteredStrategy):
         """Send all k cluster models to the sampled nodes (the initial model in a warm start)."""
         if self.fraction_train == 0.0:
             return []
-        if not p.is_packed(arrays):
-            if self.init == "local-kmeans" and self.num_clusters > 1:
-                return self._configure_warm_start(server_round, arrays, config, grid)
-            arrays = self.initialize(arrays, grid)
-        elif p.num_packed_clusters(arrays) != self.num_clusters:
-            raise ValueError(
-                f"initial_arrays pack {p.num_packed_clusters(arrays)} clusters but "
-                f"num_clusters={self.num_clusters}"
-            )
+        if self.warm_start_due(arrays):
+            return self.configure_warm_start(server_round, arrays, config, grid)
+        arrays = self.initial_centres(arrays, grid)
         self._current = arrays
         node_config = self.round_config(config, server_round)
         if self.mode == "gradient":
@@ -285,8 +238,8 @@ class IFCA(ClusteredStrategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average the returned models (or apply the gradients) per chosen cluster."""
-        if self._warm_start:
-            return self._aggregate_warm_start(server_round, replies)
+        if self.in_warm_start(server_round):
+            return self.aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         valid = self._chosen_clusters(replies, models[0])
         if not valid:
@@ -403,7 +356,7 @@ class IFCA(ClusteredStrategy):
         """Initialization and re-seeding: what the run's clusters started from."""
         return {
             "ifca_init": self.init,
-            "init_groups": {str(node): group for node, group in self.init_groups.items()},
+            "init_groups": {str(node): group for node, group in self.warm_start_groups.items()},
             "reseeds": [list(r) for r in self.reseeds],
             "num_reseeds": len(self.reseeds),
         }

@@ -10,6 +10,8 @@ them needs to know which kind of strategy runs.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,36 @@ from fl_clusters.handshake import NodeIdentities, NodeRegistry
 RoundHistory = tuple[dict[int, dict[int, int]], dict[int, dict[int, float]]]
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """What of a strategy's clustering :mod:`fl_clusters.results` scores against the truth.
+
+    The strategy says what it decided; the ground truth is only read after
+    training, from the nodes' final reports. Node ids are strings, as in
+    ``summary.json``.
+
+    Parameters
+    ----------
+    soft_weights : Mapping[str, Sequence[float]] | None
+        Each node's weight of every cluster model (FedSoft's u, FedEM's pi),
+        scored against the nodes' true mixtures.
+    density_labels : Mapping[str, int] | None
+        A density clustering's label per node, -1 for noise (FLDC), scored
+        against the true groups with the randomized nodes as one group.
+    labellings : Mapping[str, Mapping[str, int]]
+        Further hard clusterings to score by ARI: the ``summary.json`` key of
+        the score -> node id -> label (e.g. ``"warm_start_ari"``).
+    report_mixture : bool
+        Whether the final report asks every node for the accuracy of its
+        mixture of the cluster models (FedEM) besides the model it uses.
+    """
+
+    soft_weights: Mapping[str, Sequence[float]] | None = None
+    density_labels: Mapping[str, int] | None = None
+    labellings: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    report_mixture: bool = False
+
+
 class ServerStrategy(Strategy):
     """A Flower strategy that fl-clusters' ServerApp can run, checkpoint and report on.
 
@@ -32,14 +64,10 @@ class ServerStrategy(Strategy):
         The nodes the strategy knows by stable key; it orders and samples them.
     rejected_replies : int
         Replies the strategy could not use (errors, malformed), for the summary.
-    mixture : bool
-        Whether a node scores a mixture of the cluster models at the final report
-        (FedEM) besides the model it uses.
     """
 
     nodes: NodeRegistry
     rejected_replies: int
-    mixture: bool = False
 
     @abstractmethod
     def adopt_identities(self, identities: NodeIdentities) -> None:
@@ -112,6 +140,10 @@ class ServerStrategy(Strategy):
         Ground truth is never available here: scores against it are computed by
         :mod:`fl_clusters.results` from these fields.
         """
+
+    def scoring(self) -> Scoring:
+        """What of the strategy's clustering is scored against the truth; nothing by default."""
+        return Scoring()
 
     @abstractmethod
     def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:

@@ -17,9 +17,12 @@ complete one)::
   :func:`pack_clusters` / :func:`unpack_clusters` move between that record and
   k models, :func:`draw_clusters` and :func:`random_like` make k random centres
   around it, :func:`record_to_numpy` / :func:`numpy_to_record` convert a model;
-- the local-k-means warm start IFCA, FedEM and FedSoft share
-  (:func:`kmeans_start_problem`, :func:`warm_start_messages`,
-  :func:`enough_local_models`, :func:`group_local_models`, :class:`KMeansStart`);
+- k centres from ``initial_arrays`` and the one local-k-means warm start that
+  IFCA, FedEM and FedSoft share: subclass :class:`CentresFromStart` (its
+  ``initial_centres`` checks packed arrays and calls the ``initialize`` hook for
+  a plain model; ``centres_from_groups`` turns the warm start's
+  :class:`KMeansStart` groups into centres), with :func:`group_local_models`
+  and :func:`kmeans_start_problem` for the k-means step itself;
 - reading replies: :func:`reply_layers`, :func:`reply_updates`,
   :func:`average_replies`, :func:`num_examples`, :func:`train_losses`, and the
   math on them (:func:`flatten_models`, :func:`nearest_feature`);
@@ -31,11 +34,10 @@ complete one)::
 from __future__ import annotations
 
 from fl_clusters.clustering import flatten_models, nearest_feature
+from fl_clusters.drawing import draw_clusters, random_like
 from fl_clusters.protocol import (
-    draw_clusters,
     numpy_to_record,
     pack_clusters,
-    random_like,
     record_to_numpy,
     unpack_clusters,
 )
@@ -56,11 +58,10 @@ from fl_clusters.strategies.replies import (
     train_losses,
 )
 from fl_clusters.strategies.warm_start import (
+    CentresFromStart,
     KMeansStart,
-    enough_local_models,
     group_local_models,
     kmeans_start_problem,
-    warm_start_messages,
 )
 
 
@@ -73,13 +74,13 @@ __all__ = [
     "FRACTION_TRAIN",
     "INTER_CLUSTER",
     "REQUIRED",
+    "CentresFromStart",
     "ClusteredStrategy",
     "HardClusteredStrategy",
     "KMeansStart",
     "Param",
     "average_replies",
     "draw_clusters",
-    "enough_local_models",
     "flatten_models",
     "group_local_models",
     "kmeans_start_problem",
@@ -95,5 +96,4 @@ __all__ = [
     "reply_updates",
     "train_losses",
     "unpack_clusters",
-    "warm_start_messages",
 ]

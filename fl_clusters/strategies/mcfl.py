@@ -8,14 +8,17 @@ takes the cluster model whose feature is nearest to the mean of its test inputs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from logging import WARNING
+from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import cluster_feature_means
+from fl_clusters.strategies.base import ClusteredStrategy
 
 
 def feature_queries(nodes: Iterable[int], num_samples: int) -> dict[int, RecordDict]:
@@ -84,8 +87,69 @@ def cluster_features(
     )
 
 
-def add_cluster_features(config: ConfigRecord, features: np.ndarray) -> None:
-    """Put the clusters that have a feature, and their features, into an evaluate config."""
-    usable = np.flatnonzero(np.all(np.isfinite(features), axis=1))
-    config[p.CFG_MCFL_CLUSTERS] = usable.tolist()
-    config[p.CFG_MCFL_FEATURES] = features[usable].ravel().tolist()
+class MCFLOption(ClusteredStrategy):
+    """MCFL composed into a strategy: the run-config keys ``mcfl`` and ``mcfl-feature-samples``.
+
+    The strategy declares ``INTER_CLUSTER``'s MCFL parameters. With ``mcfl``,
+    before round 1 (and when a node joins) every node uploads the mean of
+    ``mcfl_feature_samples`` sampled training inputs; a cluster's feature is the
+    mean over its members' uploads, and at evaluation a node takes the cluster
+    model whose feature is nearest to the mean of its test inputs (inputs only:
+    no test label is read for the choice).
+
+    Attributes
+    ----------
+    node_features : dict[int, np.ndarray]
+        Node id -> its uploaded feature.
+    """
+
+    mcfl: bool
+    mcfl_feature_samples: int
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.node_features: dict[int, np.ndarray] = {}
+        self._features_asked: set[int] = set()
+
+    def meet_nodes(self, grid: Grid, nodes: list[int]) -> None:
+        """With MCFL, a node not asked before uploads its feature.
+
+        A node that joined after the start uploads it too, so its cluster's
+        feature includes it once it has a cluster.
+        """
+        super().meet_nodes(grid, nodes)
+        if self.mcfl:
+            self.collect_features(grid, nodes)
+
+    def collect_features(self, grid: Grid, nodes: Iterable[int]) -> None:
+        """Ask the nodes whose feature is unknown for their mean training input.
+
+        A node's data does not change, so each node is asked once: one that gave no
+        usable feature is not asked (and waited for) again every round. Replies that
+        are not a finite vector of the common length are logged and skipped.
+        """
+        missing = sorted(set(nodes) - self._features_asked)
+        if not missing:
+            return
+        self._features_asked.update(missing)
+        queries = feature_queries(missing, self.mcfl_feature_samples)
+        replies = self.send(grid, self.build_messages(queries, p.QUERY_FEATURES))
+        valid = self.check_replies(replies, None, "mcfl features", trains=False)
+        found, rejected = read_features(valid, self.node_features)
+        self.node_features.update(found)
+        self.rejected_replies += rejected
+
+    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
+        """MCFL's (k, D) cluster features (:func:`cluster_features`).
+
+        ``None`` when MCFL is off or no member has a feature.
+        """
+        if not self.mcfl:
+            return None
+        return cluster_features(self.node_features, self.assignments, num_clusters)
+
+    def summary(self) -> None:
+        """Log MCFL's settings."""
+        log(INFO, "\t├──> MCFL %s (n=%d)", "on" if self.mcfl else "off",
+            self.mcfl_feature_samples)
+        super().summary()

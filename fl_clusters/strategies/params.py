@@ -23,8 +23,18 @@ from typing import Any, ClassVar, Literal
 Kind = Literal["int", "float", "bool", "str"]
 # The default of an argument the caller must give (as in inspect.signature).
 REQUIRED = inspect.Parameter.empty
-# A declaration's paper value when its default is the published algorithm's.
-SAME = inspect.Parameter.empty
+
+
+class _SameAsDefault:
+    """The type of :data:`SAME`: a paper value that is the default itself."""
+
+    def __repr__(self) -> str:
+        return "SAME"
+
+
+# A declaration's paper value when its default is the published algorithm's; its
+# own object, so that no other "no value" (REQUIRED, None) can be taken for it.
+SAME = _SameAsDefault()
 PRESETS = ("robust", "paper")
 
 
@@ -108,22 +118,28 @@ def check_param(
     """
     if allow_none and value is None:
         return value
-    if kind == "bool":
-        valid = isinstance(value, bool)
-    elif kind == "str":
-        valid = isinstance(value, str) and value in (choices or ())
-    else:
-        number_type = Integral if kind == "int" else Real
-        valid = (
-            isinstance(value, number_type) and not isinstance(value, bool)
-            and math.isfinite(float(value))  # type: ignore[arg-type]
-            and (low is None or value >= low) and (high is None or value <= high)
-            and (above is None or value > above) and (below is None or value < below)
-        )
-    if not valid:
+    if not _fits(value, kind, low, high, above, below, choices):
         raise ParamError(name, expected(kind, low=low, high=high, above=above, below=below,
                                         choices=choices, allow_none=allow_none), value)
     return value
+
+
+def _fits(
+    value: Any, kind: Kind, low: float | None, high: float | None, above: float | None,
+    below: float | None, choices: Sequence[str] | None,
+) -> bool:
+    """Whether ``value`` is of ``kind`` and within the bounds (:func:`check_param`)."""
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str) and value in (choices or ())
+    number_type = Integral if kind == "int" else Real
+    return bool(
+        isinstance(value, number_type) and not isinstance(value, bool)
+        and math.isfinite(float(value))  # type: ignore[arg-type]
+        and (low is None or value >= low) and (high is None or value <= high)
+        and (above is None or value > above) and (below is None or value < below)
+    )
 
 
 def expected(kind: Kind, **constraint: Any) -> str:
@@ -313,7 +329,7 @@ INTER_CLUSTER = (
 def num_clusters_param(default: Any, low: int = 1) -> Param:
     """The ``num_clusters`` argument (run-config key ``num-clusters``) with its default."""
     return Param("num_clusters", default, "int",
-                 "k cluster models (IFCA, FedSoft, WeCFL); FedEM's M components", low=low,
+                 "k, the number of cluster models (a mixture's components)", low=low,
                  key="num-clusters")
 
 

@@ -1,10 +1,27 @@
-"""The local-k-means warm start that IFCA, FedEM and FedSoft share.
+"""How k centres start: from ``initial_arrays``, or from a local-k-means warm start.
 
-From k random models every cluster fits every client about equally, and the
-first assignments carry no information. The warm start spends round 1 instead
-on one local model per client: every sampled client trains the single initial
-model, k-means groups their models, and cluster j starts from group j's models
-(each strategy averages them its own way).
+:class:`CentresFromStart` is the base of every strategy that keeps k centres
+(IFCA's cluster models, FedEM's components, FedSoft's cluster models). It owns
+the one way they start, as scikit-learn's ``_BaseKMeans._init_centroids`` is
+the one start of its k-means family:
+
+- Packed ``initial_arrays`` are used as given (their number of clusters must be
+  ``num_clusters``); a plain model goes to the :meth:`~CentresFromStart.initialize`
+  hook, which draws k centres from it (IFCA's and FedSoft's independent draws,
+  FedEM's "the given model and M - 1 draws").
+- With ``init="local-kmeans"`` (and k > 1) round 1 is a warm start instead:
+  from k random models every cluster fits every client about equally, and the
+  first assignments carry no information. Every warm-start node trains the single
+  initial model, k-means groups their models, and the
+  :meth:`~CentresFromStart.centres_from_groups` hook turns group j into centre j
+  (each strategy averages its own way).
+
+A warm start that cannot give k-means one local model per cluster (too few nodes
+sampled, or too few valid replies) has one behaviour: it logs why, returns no
+aggregate, and is repeated the next round (Flower passes the unchanged plain model
+on). A round in which no valid reply came at all counts towards
+``max_failed_rounds``, so a run whose every warm start fails ends with the nodes'
+errors instead of going on.
 """
 
 from __future__ import annotations
@@ -13,14 +30,21 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import group_by_kmeans, warm_start_points
-from fl_clusters.strategies.replies import describe_steps_done, reply_layers
+from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.replies import describe_steps_done, reply_layers, reply_updates
+
+# What k-means groups in a warm start: the output layer's updates less their mean
+# row (warm_start_points), or each node's whole flattened update.
+KMeansFeatures = Literal["output-layer", "whole-update"]
 
 
 def kmeans_start_problem(
@@ -74,35 +98,6 @@ def nodes_sampling(count: int, fraction: float) -> int | None:
     return nodes
 
 
-def warm_start_messages(
-    nodes: Iterable[int], model: ArrayRecord, config: ConfigRecord
-) -> list[Message]:
-    """One train message per node, all carrying the single initial ``model``."""
-    record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
-    return [Message(content=record, dst_node_id=node, message_type=MessageType.TRAIN)
-            for node in nodes]
-
-
-def enough_local_models(
-    name: str, server_round: int, valid: list[Message], num_clusters: int, fix: str
-) -> bool:
-    """Whether k-means can group ``valid``; if not, log that the warm start is repeated.
-
-    A round that lost most replies must not end the run: the strategy returns no
-    aggregate, so the next round warm-starts again, and the failed-round limit
-    ends a run whose every round fails.
-    """
-    if not valid:
-        return False
-    if len(valid) < num_clusters:
-        log(WARNING, "round %d: %s warm start: %d valid local models for %d clusters; "
-            "k-means needs one per cluster, so the warm start is repeated next round. If "
-            "this persists, sample more nodes (fraction-train), fix the failing nodes, or "
-            "use %s", server_round, name, len(valid), num_clusters, fix)
-        return False
-    return True
-
-
 @dataclass(frozen=True)
 class KMeansStart:
     """The k-means groups of a warm start's local models.
@@ -115,11 +110,14 @@ class KMeansStart:
         (N,) the group of each reply, in [0, num_clusters).
     num_clusters : int
         k, the number of groups.
+    model : ArrayRecord
+        The single model every node trained from.
     """
 
     replies: list[Message]
     groups: np.ndarray
     num_clusters: int
+    model: ArrayRecord
 
     def members(self) -> list[list[Message]]:
         """The replies of each group (a group k-means left empty has none)."""
@@ -146,7 +144,7 @@ def group_local_models(
     start: ArrayRecord,
     num_clusters: int,
     seed: int,
-    points: np.ndarray | None = None,
+    features: KMeansFeatures = "output-layer",
 ) -> KMeansStart:
     """Group the warm start's local models by k-means.
 
@@ -160,11 +158,161 @@ def group_local_models(
         k.
     seed : int
         Seed of k-means.
-    points : np.ndarray | None
-        What k-means groups, one row per reply; ``None``: the output layer's
-        updates (:func:`~fl_clusters.clustering.warm_start_points`).
+    features : str (default: "output-layer")
+        What k-means groups: ``"output-layer"``, the output layer's updates
+        (:func:`~fl_clusters.clustering.warm_start_points`), or
+        ``"whole-update"``, each reply's whole flattened update.
     """
-    if points is None:
+    if features == "whole-update":
+        points = reply_updates(valid, start)
+    else:
         names = list(start.keys())
         points = warm_start_points([start[n].numpy() for n in names], reply_layers(valid, names))
-    return KMeansStart(valid, group_by_kmeans(points, num_clusters, seed), num_clusters)
+    return KMeansStart(valid, group_by_kmeans(points, num_clusters, seed), num_clusters, start)
+
+
+class CentresFromStart(ClusteredStrategy):
+    """Base of the strategies with k centres: their one start and one warm start.
+
+    See the module's docstring. A subclass declares an ``init`` parameter
+    (``"local-kmeans"`` or its random start) and implements
+    :meth:`initialize` and :meth:`centres_from_groups`; its ``configure_train``
+    starts with :meth:`warm_start_due` / :meth:`configure_warm_start` (or
+    :meth:`initial_centres`), and its ``aggregate_train`` with
+    :meth:`in_warm_start` / :meth:`aggregate_warm_start`.
+
+    Attributes
+    ----------
+    warm_start_features : str
+        What the warm start's k-means groups (:func:`group_local_models`); a
+        declared choice of each strategy, since it changes which clients group.
+    warm_start_groups : dict[int, int]
+        Node id -> its warm-start group (empty until a warm start succeeds).
+    """
+
+    warm_start_features: ClassVar[KMeansFeatures] = "output-layer"
+    init: str
+    init_steps: int
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.warm_start_groups: dict[int, int] = {}
+        self._warm_start_round: int | None = None
+        self._warm_start_model = ArrayRecord()
+        self._warm_start_steps: int | None = None  # the local-steps asked (None: epochs)
+
+    # ------------------------------------------------------------ hooks
+    def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
+        """Hook: the k centres, packed, drawn from the plain ``model`` (``grid``: to score).
+
+        Parameters
+        ----------
+        model : ArrayRecord
+            The plain ``initial_arrays``.
+        grid : Grid | None
+            The grid, for a strategy that asks the nodes to pick among candidates
+            (IFCA's restarts); ``None`` when there is none to ask.
+        """
+        raise NotImplementedError
+
+    def centres_from_groups(
+        self, server_round: int, start: KMeansStart
+    ) -> tuple[ArrayRecord, MetricRecord]:
+        """Hook: the k packed centres from the warm start's groups, and the round's metrics.
+
+        A group k-means left empty (identical updates) has no members; its centre
+        should be a random draw (as in the random start) rather than a copy of
+        another that would never win.
+        """
+        raise NotImplementedError
+
+    def warm_start_nodes(self, grid: Grid) -> list[int]:
+        """The nodes that train the initial model: ``fraction_train`` of them."""
+        return self.sample(grid, self.fraction_train)
+
+    def warm_start_fraction(self) -> float:
+        """The share of the nodes :meth:`warm_start_nodes` takes (for the start-up check)."""
+        return self.fraction_train
+
+    def warm_start_config(self, config: ConfigRecord, server_round: int) -> ConfigRecord:
+        """The warm start's node config: the round's, with ``init_steps`` local steps."""
+        node_config = self.round_config(config, server_round)
+        node_config[p.CFG_STEPS] = self.init_steps
+        return node_config
+
+    # ------------------------------------------------------------ the start
+    def initial_centres(self, arrays: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
+        """Packed ``arrays`` as given (k checked), else :meth:`initialize`'s draw."""
+        if not p.is_packed(arrays):
+            return self.initialize(arrays, grid)
+        if p.num_packed_clusters(arrays) != self.num_clusters:
+            raise ValueError(
+                f"initial_arrays pack {p.num_packed_clusters(arrays)} clusters but "
+                f"num_clusters={self.num_clusters}; pass a plain model or "
+                f"{self.num_clusters} packed ones"
+            )
+        return arrays
+
+    def warm_start_due(self, arrays: ArrayRecord) -> bool:
+        """Whether this round is a warm start: a plain model and ``init="local-kmeans"``."""
+        return not p.is_packed(arrays) and self.init == "local-kmeans" and self.num_clusters > 1
+
+    def in_warm_start(self, server_round: int) -> bool:
+        """Whether ``server_round``'s replies answer a warm start."""
+        return server_round == self._warm_start_round
+
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """The k-means warm start needs a local model per cluster in round 1."""
+        return kmeans_start_problem(type(self).__name__, self.init, num_nodes,
+                                    self.warm_start_fraction(), self.num_clusters,
+                                    f"set {self._random_start()}")
+
+    def _random_start(self) -> str:
+        return f"{self.name}-init='random'"
+
+    def configure_warm_start(
+        self, server_round: int, model: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Every warm-start node trains the single initial ``model`` (none if too few)."""
+        self._warm_start_round = server_round
+        self._warm_start_model = model
+        nodes = self.warm_start_nodes(grid)
+        name = type(self).__name__
+        if len(nodes) < self.num_clusters:
+            log(WARNING, "round %d: %s warm start: %d nodes for %d clusters; k-means needs "
+                "one local model per cluster, so the warm start is repeated next round. "
+                "Sample more nodes (fraction-train), add nodes, or use %s", server_round, name,
+                len(nodes), self.num_clusters, self._random_start())
+            return []
+        node_config = self.warm_start_config(config, server_round)
+        steps = node_config.get(p.CFG_STEPS)
+        self._warm_start_steps = int(steps) if steps is not None else None  # type: ignore[arg-type]
+        log(INFO, "configure_train: %s warm start, %d nodes train the initial model "
+            "(asked for %s local steps)", name, len(nodes), self._warm_start_steps)
+        record = RecordDict({p.ARRAYS: model, p.CONFIG: node_config})
+        return self.broadcast(nodes, record, MessageType.TRAIN)
+
+    def aggregate_warm_start(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Group the local models by k-means; :meth:`centres_from_groups` makes the centres."""
+        self._warm_start_round = None
+        name = type(self).__name__
+        model = self._warm_start_model
+        valid = self.check_replies(replies, model, f"{name} warm start", trains=True)
+        if not valid:
+            return None, None
+        if len(valid) < self.num_clusters:
+            log(WARNING, "round %d: %s warm start: %d valid local models for %d clusters; "
+                "k-means needs one per cluster, so the warm start is repeated next round. If "
+                "this persists, sample more nodes (fraction-train), fix the failing nodes, or "
+                "use %s", server_round, name, len(valid), self.num_clusters,
+                self._random_start())
+            return None, None
+        start = group_local_models(valid, model, self.num_clusters, self.seed,
+                                   self.warm_start_features)
+        self.warm_start_groups = start.node_groups()
+        # The hard view until the strategy's own clustering replaces it.
+        self.assignments.update(self.warm_start_groups)
+        start.log(name, server_round, self._warm_start_steps)
+        return self.centres_from_groups(server_round, start)

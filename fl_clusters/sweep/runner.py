@@ -223,6 +223,56 @@ def run_sweep(
         The sweep's folder.
     """
     from rich.console import Console
+
+    from fl_clusters.sweep.report import write_report
+
+    folder = sweep_folder(sweep, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with sweep_folder_lock(folder):
+        runs = read_runs(folder / RUNS_FILE)
+        todo = pending_cells(sweep, runs, retry_failed, only)
+        console = console or Console(file=sys.stderr)
+        _record_session(sweep, folder, command if command is not None else sys.argv)
+        console.print(_opening_line(sweep, runs, todo, retry_failed, only, folder),
+                      markup=False, soft_wrap=True)
+        if todo:
+            _run_cells(sweep, todo, folder, runs, console, stop_after_s)
+        write_report(sweep, runs, folder, plots=True)
+        console.print(f"table: {folder / 'table.md'}", markup=False)
+    return folder
+
+
+def _opening_line(
+    sweep: Sweep, runs: list[dict[str, Any]], todo: list[Cell], retry_failed: bool,
+    only: Mapping[str, set[str]] | None, folder: Path,
+) -> str:
+    """What the sweep has recorded and will run (:func:`run_sweep`'s first line)."""
+    unrecorded = len(pending_cells(sweep, runs, retry_failed))
+    # Failed runs count as recorded: a run that fails for a reason of its own
+    # (a timeout, a bad setting) fails again; say how to run them anyway.
+    failed = 0 if retry_failed else len(pending_cells(sweep, runs, True)) - unrecorded
+    return (
+        f"sweep {sweep.name}: {len(sweep.cells)} cells, {len(sweep.cells) - unrecorded} recorded"
+        + (f" ({failed} failed; --retry-failed runs them again)" if failed else "")
+        + f", {len(todo)} to run{' (--only)' if only else ''}; results in {folder}"
+    )
+
+
+def _record_session(sweep: Sweep, folder: Path, command: list[str]) -> None:
+    """Keep the sweep file's text and this session's entry in the manifest."""
+    (folder / SWEEP_COPY).write_text(sweep.text)
+    append_session(
+        folder / MANIFEST_FILE, sweep.name,
+        session_entry(command, sweep.path, hashlib.sha256(sweep.text.encode()).hexdigest()),
+    )
+
+
+def _run_cells(
+    sweep: Sweep, todo: list[Cell], folder: Path, runs: list[dict[str, Any]], console: Any,
+    stop_after_s: float | None,
+) -> None:
+    """Run ``todo`` on one Ray session, each run appended to ``runs`` and runs.jsonl
+    (:func:`run_sweep`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -234,57 +284,30 @@ def run_sweep(
 
     from fl_clusters.sweep.report import write_report
 
-    folder = sweep_folder(sweep, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    with sweep_folder_lock(folder):
-        runs_path = folder / RUNS_FILE
-        runs = read_runs(runs_path)
-        todo = pending_cells(sweep, runs, retry_failed, only)
-        console = console or Console(file=sys.stderr)
-        (folder / SWEEP_COPY).write_text(sweep.text)
-        append_session(
-            folder / MANIFEST_FILE, sweep.name,
-            session_entry(command if command is not None else sys.argv, sweep.path,
-                          hashlib.sha256(sweep.text.encode()).hexdigest()),
-        )
-        unrecorded = len(pending_cells(sweep, runs, retry_failed))
-        # Failed runs count as recorded: a run that fails for a reason of its own
-        # (a timeout, a bad setting) fails again; say how to run them anyway.
-        failed = 0 if retry_failed else len(pending_cells(sweep, runs, True)) - unrecorded
-        console.print(
-            f"sweep {sweep.name}: {len(sweep.cells)} cells, "
-            f"{len(sweep.cells) - unrecorded} recorded"
-            + (f" ({failed} failed; --retry-failed runs them again)" if failed else "")
-            + f", {len(todo)} to run{' (--only)' if only else ''}; results in {folder}",
-            markup=False, soft_wrap=True
-        )
-        if todo:
-            commit = git_state()
-            columns = (
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-            )
-            with (RaySession() as ray_session, actors_kept_between_runs(),
-                  Progress(*columns, console=console) as progress):
-                federation = resolve_federation(sweep.federation, ray_session.resources)
-                check_resources(sweep, federation, ray_session.resources)
-                task = progress.add_task(sweep.name, total=len(todo))
-                started = time.monotonic()
-                for done, cell in enumerate(todo):
-                    if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
-                        progress.console.print(
-                            f"stopped after {stop_after_s / 60:g} min (--stop-after): "
-                            f"{len(todo) - done} of {len(todo)} runs not started; the same "
-                            "command runs them", markup=False, soft_wrap=True,
-                        )
-                        break
-                    progress.update(task, description=cell.name)
-                    line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
-                    append_run(runs_path, line)
-                    runs.append(line)
-                    progress.console.print(_progress_line(line, cell), soft_wrap=True)
-                    progress.advance(task)
-                    write_report(sweep, runs, folder, plots=False)
-        write_report(sweep, runs, folder, plots=True)
-        console.print(f"table: {folder / 'table.md'}", markup=False)
-    return folder
+    runs_path = folder / RUNS_FILE
+    commit = git_state()
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+    )
+    with (RaySession() as ray_session, actors_kept_between_runs(),
+          Progress(*columns, console=console) as progress):
+        federation = resolve_federation(sweep.federation, ray_session.resources)
+        check_resources(sweep, federation, ray_session.resources)
+        task = progress.add_task(sweep.name, total=len(todo))
+        started = time.monotonic()
+        for done, cell in enumerate(todo):
+            if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
+                progress.console.print(
+                    f"stopped after {stop_after_s / 60:g} min (--stop-after): "
+                    f"{len(todo) - done} of {len(todo)} runs not started; the same "
+                    "command runs them", markup=False, soft_wrap=True,
+                )
+                break
+            progress.update(task, description=cell.name)
+            line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
+            append_run(runs_path, line)
+            runs.append(line)
+            progress.console.print(_progress_line(line, cell), soft_wrap=True)
+            progress.advance(task)
+            write_report(sweep, runs, folder, plots=False)

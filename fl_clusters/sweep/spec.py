@@ -348,34 +348,12 @@ def parse_sweep(text: str, path: Path) -> Sweep:
             raise SweepFileError(
                 f"name {name!r} must be a folder name: letters, digits, '.', '_', '-'"
             )
-        base = document.get("base", {})
-        if not isinstance(base, dict):
-            raise SweepFileError(f"[base] must be a table of run-config keys; got {base!r}")
-        _check_run_config_keys("[base]", base)
-        for key, value in base.items():
-            _scalar(f"[base] key {key!r}", value)
+        base = _parse_base(document.get("base", {}))
         axes = _parse_axes(document.get("grid"))
         federation = _parse_federation(document.get("federation", {}))
         baseline_axis, baselines = _parse_baseline(document.get("baseline"), axes)
         excluded = _parse_exclude(document.get("exclude"), axes)
-        timeout = document.get("run-timeout-s")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise SweepFileError(
-                f"run-timeout-s must be a number of seconds > 0; got {timeout!r}"
-            )
-        description = document.get("description", "")
-        if not isinstance(description, str):
-            raise SweepFileError(f"description must be a string; got {description!r}")
-        record = document.get("record", [])
-        if not isinstance(record, list) or not all(
-            isinstance(name, str) and FIELD_PATTERN.fullmatch(name) for name in record
-        ):
-            raise SweepFileError(
-                "record must be a list of summary.json field names, e.g. "
-                f'record = ["reassigned_per_round"]; got {record!r}'
-            )
+        timeout, description, record = _parse_run_options(document)
         cells = _expand(base, axes, federation, excluded)
     except SweepFileError as err:
         raise SweepFileError(f"{path}: {err}") from err.__cause__
@@ -385,6 +363,39 @@ def parse_sweep(text: str, path: Path) -> Sweep:
         run_timeout_s=None if timeout is None else float(timeout),
         description=description, record=tuple(record), text=text,
     )
+
+
+def _parse_base(base: Any) -> dict[str, Any]:
+    """``[base]``: checked run-config keys with scalar values."""
+    if not isinstance(base, dict):
+        raise SweepFileError(f"[base] must be a table of run-config keys; got {base!r}")
+    _check_run_config_keys("[base]", base)
+    for key, value in base.items():
+        _scalar(f"[base] key {key!r}", value)
+    return base
+
+
+def _parse_run_options(document: dict[str, Any]) -> tuple[float | int | None, str, list[str]]:
+    """``run-timeout-s``, ``description`` and ``record``, checked."""
+    timeout = document.get("run-timeout-s")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise SweepFileError(
+            f"run-timeout-s must be a number of seconds > 0; got {timeout!r}"
+        )
+    description = document.get("description", "")
+    if not isinstance(description, str):
+        raise SweepFileError(f"description must be a string; got {description!r}")
+    record = document.get("record", [])
+    if not isinstance(record, list) or not all(
+        isinstance(name, str) and FIELD_PATTERN.fullmatch(name) for name in record
+    ):
+        raise SweepFileError(
+            "record must be a list of summary.json field names, e.g. "
+            f'record = ["reassigned_per_round"]; got {record!r}'
+        )
+    return timeout, description, record
 
 
 def load_sweep(path: str | Path) -> Sweep:
