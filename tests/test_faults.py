@@ -80,7 +80,9 @@ def _valid_replies() -> list[Message]:
 
 
 @pytest.mark.slow
-def test_a_simulation_whose_every_client_crashes_writes_no_results(tmp_path: Path) -> None:
+def test_a_simulation_whose_every_client_crashes_writes_no_results(
+    tmp_path: Path, ray_session: None
+) -> None:
     """End to end: the ServerApp raises with the clients' reasons and writes nothing."""
     from flwr.clientapp import ClientApp
     from flwr.simulation import run_simulation
