@@ -99,9 +99,8 @@ def no_ray_in_this_process(shared_ray: SharedRay) -> None:
     shared_ray.close()
 
 
-@pytest.fixture
-def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
-    """Return a function that runs one simulated federation and returns summary.json.
+def federation_in(folder: Path, shared_ray: SharedRay) -> Federation:
+    """A function that runs one simulated federation under ``folder``; its summary.json.
 
     The returned dict also holds ``_folder``, the results folder of the run.
     """
@@ -111,7 +110,7 @@ def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
         num_clients: int = 20,
         client_app: ClientApp | None = None,
     ) -> dict[str, Any]:
-        results = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        results = folder / f"run{len(list(folder.iterdir()))}"
         settings = {"results-dir": str(results), "min-nodes": num_clients, **overrides}
         shared_ray.open()
         run_simulation(
@@ -127,6 +126,15 @@ def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
         return summary
 
     return run
+
+
+@pytest.fixture
+def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
+    """Return a function that runs one simulated federation and returns summary.json.
+
+    The returned dict also holds ``_folder``, the results folder of the run.
+    """
+    return federation_in(tmp_path, shared_ray)
 
 
 def copy_app(source: Path, destination: Path) -> Path:
