@@ -1,12 +1,14 @@
 """Shared fixtures and fakes.
 
-A real Flower simulation (Ray backend) and its summary, a fresh checkout for
-`flwr run`, the run identity Flower gives an app process, and the grid stand-ins
-and hand-made models that drive a strategy's glue without Ray.
+A real Flower simulation (Ray backend) and its summary, on one Ray session and one
+pool of ClientApp actors kept for the whole test session (as a sweep keeps them), a
+fresh checkout for `flwr run`, the run identity Flower gives an app process, and
+the grid stand-ins and hand-made models that drive a strategy's glue without Ray.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -25,7 +27,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.client_app import build_client_app
+from fl_clusters.ray_pool import actors_kept_between_runs
 from fl_clusters.server_app import build_server_app
+from fl_clusters.sweep.simulation import RaySession
 
 Federation = Callable[..., dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +42,65 @@ def stop_local_superlink() -> None:
 
 
 
+def worker_import_paths() -> set[str]:
+    """Where Ray's workers started now would import from: ``sys.path`` and ``PYTHONPATH``."""
+    return {*sys.path, *os.environ.get("PYTHONPATH", "").split(os.pathsep)} - {""}
+
+
+class SharedRay:
+    """One Ray session and one pool of ClientApp actors for many simulations in this process.
+
+    Starting Ray and its actors (each imports torch, Flower and the ClientApp) costs
+    a federation of the test suite more than its rounds. Ray's workers read their
+    import path once, when Ray starts, so a test that adds a folder its ClientApp
+    is imported from (an example's) gets a session started anew. Tests that need
+    Ray not running in this process (a sweep starts its own; `flwr run` and the
+    deployments run on a machine with no other Ray) close it first.
+    """
+
+    def __init__(self) -> None:
+        self._session: contextlib.ExitStack | None = None
+        self._paths: set[str] = set()
+
+    def open(self) -> None:
+        """Have Ray running for the next simulation, with workers that see today's path."""
+        if self._session is not None and worker_import_paths() <= self._paths:
+            return
+        self.close()
+        session = contextlib.ExitStack()
+        session.enter_context(RaySession())
+        session.enter_context(actors_kept_between_runs())
+        self._session, self._paths = session, worker_import_paths()
+
+    def close(self) -> None:
+        """End the actors and Ray, if running."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[SharedRay]:
+    """The test session's Ray (started on first use, see :class:`SharedRay`)."""
+    shared = SharedRay()
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def federation(tmp_path: Path) -> Federation:
-    """Return a function that runs one simulated federation and returns summary.json.
+def ray_session(shared_ray: SharedRay) -> None:
+    """The shared Ray running, for a test that calls ``run_simulation`` itself."""
+    shared_ray.open()
+
+
+@pytest.fixture
+def no_ray_in_this_process(shared_ray: SharedRay) -> None:
+    """Ray not running in this process when the test starts (it starts its own)."""
+    shared_ray.close()
+
+
+def federation_in(folder: Path, shared_ray: SharedRay) -> Federation:
+    """A function that runs one simulated federation under ``folder``; its summary.json.
 
     The returned dict also holds ``_folder``, the results folder of the run.
     """
@@ -50,8 +110,9 @@ def federation(tmp_path: Path) -> Federation:
         num_clients: int = 20,
         client_app: ClientApp | None = None,
     ) -> dict[str, Any]:
-        results = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        results = folder / f"run{len(list(folder.iterdir()))}"
         settings = {"results-dir": str(results), "min-nodes": num_clients, **overrides}
+        shared_ray.open()
         run_simulation(
             server_app=build_server_app(settings),
             client_app=client_app or build_client_app(settings),
@@ -65,6 +126,15 @@ def federation(tmp_path: Path) -> Federation:
         return summary
 
     return run
+
+
+@pytest.fixture
+def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
+    """Return a function that runs one simulated federation and returns summary.json.
+
+    The returned dict also holds ``_folder``, the results folder of the run.
+    """
+    return federation_in(tmp_path, shared_ray)
 
 
 def copy_app(source: Path, destination: Path) -> Path:
@@ -86,7 +156,9 @@ def copy_app(source: Path, destination: Path) -> Path:
 
 
 @pytest.fixture
-def fresh_checkout(tmp_path: Path) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+def fresh_checkout(
+    tmp_path: Path, no_ray_in_this_process: None
+) -> Iterator[tuple[Path, Path, dict[str, str]]]:
     """A copy of the checkout's files (what a clean clone holds) and an empty home.
 
     `flwr run` rewrites the app's pyproject.toml on its first run (it moves the

@@ -55,7 +55,7 @@ def test_a_fault_injector_that_cannot_work_is_refused(arguments: dict, message: 
 
 @pytest.mark.slow
 def test_a_run_with_failing_replies_killed_and_resumed_ends_like_the_clean_run(
-    tmp_path: Path,
+    tmp_path: Path, no_ray_in_this_process: None
 ) -> None:
     faults = FaultInjector(rate=0.3, seed=FAULT_SEED, stall_rate=0.01,
                            stall_s=ROUND_TIMEOUT + 5)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.conftest import SharedRay
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "clustered-quickstart"
 sys.path.insert(0, str(EXAMPLE))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,11 +96,12 @@ def simulate(strategy: str, results_dir: Path, overrides: Mapping[str, Any] | No
 
 
 @pytest.fixture
-def example_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+def example_on_pythonpath(monkeypatch: pytest.MonkeyPatch, shared_ray: SharedRay) -> None:
     """Ray's worker processes import the example too: give them its folder."""
     paths = [str(EXAMPLE), str(EXAMPLE.parent.parent)]
     current = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths + ([current] if current else [])))
+    shared_ray.open()
 
 
 def test_ifca_finds_the_groups_and_beats_fedavg(tmp_path: Path, example_on_pythonpath) -> None:

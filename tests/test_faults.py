@@ -86,7 +86,7 @@ def _valid_replies() -> list[Message]:
 
 @pytest.mark.slow
 def test_a_simulation_whose_every_client_crashes_writes_no_results(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, ray_session: None
 ) -> None:
     """End to end: the ServerApp raises with the clients' reasons and writes nothing.
 

@@ -30,6 +30,7 @@ from fl_clusters.learner import TorchLearner
 from fl_clusters.results import strategy_fields, summarize
 from fl_clusters.strategies import FedEM
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import SharedRay
 
 torch.set_num_threads(1)
 
@@ -448,12 +449,13 @@ def test_fedem_beats_fedavg_on_a_label_permutation_mixture(federation, seed: int
 
 
 @pytest.fixture
-def example_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+def example_path(monkeypatch: pytest.MonkeyPatch, shared_ray: SharedRay) -> Path:
     """Ray's workers import the example too: give them (and us) its folder."""
     example = Path(__file__).resolve().parent.parent / "examples" / "quickstart-pytorch-clustered"
     paths = [str(example), str(example.parent.parent), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     monkeypatch.syspath_prepend(str(example))
+    shared_ray.open()
     return example
 
 

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,6 +41,7 @@ from fl_clusters.metrics import (
 from fl_clusters.models import build_model
 from fl_clusters.strategies import FedSoft
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import Federation, SharedRay, federation_in
 
 MIXTURE = {"cluster-structure": "rotation-mixture", "num-clusters": 2}
 
@@ -365,8 +367,19 @@ def test_local_kmeans_warm_start_groups_clients_by_their_dominant_source(federat
     assert summary["importance_estimate_rounds"][0] == 2
 
 
+@pytest.fixture(scope="module")
+def fedsoft_acceptance(
+    tmp_path_factory: pytest.TempPathFactory, shared_ray: SharedRay
+) -> dict[str, Any]:
+    """FedSoft's run in the acceptance setting (100 rounds), read by two tests."""
+    run = federation_in(tmp_path_factory.mktemp("fedsoft-acceptance"), shared_ray)
+    return run({**ACCEPTANCE, "strategy": "fedsoft"})
+
+
 @pytest.mark.slow
-def test_fedsoft_recovers_the_sources_of_a_digits_mixture(federation) -> None:
+def test_fedsoft_recovers_the_sources_of_a_digits_mixture(
+    fedsoft_acceptance: dict[str, Any],
+) -> None:
     """Both cluster models serve different sources and u matches the true mixtures.
 
     Measured in this setting through Flower, seeds 0 to 3: source gaps 0.75 / 0.64,
@@ -376,7 +389,7 @@ def test_fedsoft_recovers_the_sources_of_a_digits_mixture(federation) -> None:
     rounds (a cluster is the plain mean of this round's draws, so it can dip for a
     round when a mixed client is drawn for both).
     """
-    summary = federation({**ACCEPTANCE, "strategy": "fedsoft"})
+    summary = fedsoft_acceptance
     best, gaps = _source_gaps(summary)
     assert sorted(best.tolist()) == [0, 1], summary["cluster_source_accuracy"]
     assert gaps.min() >= 0.10, summary["cluster_source_accuracy"]
@@ -395,8 +408,10 @@ def test_fedsoft_recovers_the_sources_of_a_digits_mixture(federation) -> None:
     "(MLP) 0.886-0.922 against 0.953, CNN 0.933 against 0.969. The reproduction report "
     "(seed 004) also has local models below cluster models (MNIST-2set 66.9 vs 77.9)",
 )
-def test_fedsoft_local_models_beat_fedavg(federation) -> None:
-    fedsoft = federation({**ACCEPTANCE, "strategy": "fedsoft"})
+def test_fedsoft_local_models_beat_fedavg(
+    federation: Federation, fedsoft_acceptance: dict[str, Any]
+) -> None:
+    fedsoft = fedsoft_acceptance
     fedavg = federation({**ACCEPTANCE, "strategy": "fedavg"})
     assert fedsoft["personalized_accuracy"] > fedavg["personalized_accuracy"], (
         fedsoft["personalized_accuracy"],

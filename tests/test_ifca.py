@@ -344,7 +344,7 @@ def test_crashing_and_nan_clients_do_not_stop_the_run(federation) -> None:
     assert summary["num_clients"] == 8
 
 
-def test_ifca_runs_from_a_users_own_server_app(tmp_path) -> None:
+def test_ifca_runs_from_a_users_own_server_app(tmp_path, ray_session) -> None:
     """The one-line swap: IFCA(...) where a ServerApp had FedAvg(...)."""
     overrides = {"num-rounds": 2, "min-nodes": 8}
     out = tmp_path / "clusters.json"

@@ -22,6 +22,7 @@ from fl_clusters import protocol as p
 from fl_clusters.adapter import ClusteredClient
 from fl_clusters.learner import TorchLearner
 from fl_clusters.strategies.evaluation import per_cluster_evaluate
+from tests.conftest import SharedRay
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -324,12 +325,13 @@ def simulate(results_dir: Path, overrides: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def example_path() -> Iterator[None]:
+def example_path(shared_ray: SharedRay) -> Iterator[None]:
     """Ray's workers import the example too: give them (and us) its folder."""
     previous = os.environ.get("PYTHONPATH")
     paths = [str(EXAMPLE), str(EXAMPLE.parent.parent)]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + ([previous] if previous else []))
     sys.path.insert(0, str(EXAMPLE))
+    shared_ray.open()
     yield
     sys.path.remove(str(EXAMPLE))
     if previous is None:

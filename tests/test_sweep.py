@@ -291,7 +291,7 @@ def test_a_line_cut_off_by_a_kill_is_dropped_and_the_next_starts_clean(tmp_path:
 
 @pytest.mark.slow
 def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_one(
-    tmp_path: Path,
+    tmp_path: Path, no_ray_in_this_process: None
 ) -> None:
     path = tmp_path / "tiny.toml"
     # "broken": IFCA with more cluster models than nodes stops before round 1.
@@ -343,7 +343,7 @@ def test_a_tiny_sweep_runs_every_cell_on_one_ray_session_and_records_a_failed_on
 
 
 def test_a_run_past_its_timeout_is_recorded_failed_and_the_command_exits_1(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray_in_this_process: None
 ) -> None:
     path = tmp_path / "timeout.toml"
     path.write_text("run-timeout-s = 1\n" + TINY_BASE + '[grid]\nstrategy = ["fedavg"]\n')
@@ -374,7 +374,7 @@ def test_a_sweep_folder_that_cannot_be_written_is_refused_in_one_line(
 
 
 def test_stop_after_finishes_the_run_under_way_and_starts_no_other(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray_in_this_process: None
 ) -> None:
     path = tmp_path / "budget.toml"
     path.write_text(TINY_BASE + '[grid]\nstrategy = ["fedavg"]\nseed = [0, 1, 2]\n')
