@@ -46,6 +46,9 @@ class NodeIdentities:
     partitions : dict[int, int]
         Node id -> the ``partition-id`` of its node config, for the nodes that
         reported one (to name nodes in the log).
+    unanswered : list[int]
+        Nodes that sent no reply within the timeout: slow, not broken, so they
+        are asked again (:class:`NodeRegistry`).
     """
 
     keys: dict[int, int | None] = field(default_factory=dict)
@@ -53,6 +56,7 @@ class NodeIdentities:
     problems: dict[int, str] = field(default_factory=dict)
     startup_problems: dict[int, str] = field(default_factory=dict)
     partitions: dict[int, int] = field(default_factory=dict)
+    unanswered: list[int] = field(default_factory=list)
 
 
 def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> NodeIdentities:
@@ -69,7 +73,8 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
         Node ids to ask.
     timeout : float | None
         Seconds to wait for the replies; a node that does not answer in time
-        keeps no key and no problem (it may be slow, not broken).
+        is listed in ``unanswered``, with no key and no problem (it may be slow,
+        not broken).
     """
     nodes = list(nodes)
     queries = [
@@ -77,9 +82,10 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
                 message_type=p.QUERY_IDENTITY)
         for node in nodes
     ]
-    found = NodeIdentities(keys=dict.fromkeys(nodes))
+    found = NodeIdentities()
     for msg in grid.send_and_receive(queries, timeout=timeout):
         node = msg.metadata.src_node_id
+        found.keys[node] = None
         if msg.has_error():
             found.problems[node] = f"client error ({client_error_message(msg.error.reason)})"
             continue
@@ -106,7 +112,16 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
     for node, problem in sorted(found.problems.items()):
         log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
             "random node id, so runs with it may not repeat", node, problem)
+    found.unanswered = [node for node in nodes if node not in found.keys]
+    if found.unanswered:
+        log(WARNING, "identity: %d of %d nodes did not answer within %s s (round-timeout); "
+            "they are asked again when next listed", len(found.unanswered), len(nodes), timeout)
     return found
+
+
+# How often a node that does not answer is asked for its key before it is
+# ordered without one.
+IDENTITY_ASKS = 3
 
 
 class NodeRegistry:
@@ -126,12 +141,16 @@ class NodeRegistry:
         seen before is asked for its key when the strategy lists it.
     partitions : dict[int, int]
         Node id -> ``partition-id``, for the nodes whose node config has one.
+    unanswered : dict[int, int]
+        Node id -> how often it was asked for its key without answering; it is
+        asked again until :data:`IDENTITY_ASKS` asks, then ordered without a key.
     """
 
     def __init__(self) -> None:
         self.keys: dict[int, int | None] = {}
         self.started = False
         self.partitions: dict[int, int] = {}
+        self.unanswered: dict[int, int] = {}
 
     def describe(self, node: int) -> str:
         """How the log names ``node``: its partition where known (ids are random per run)."""
@@ -152,9 +171,26 @@ class NodeRegistry:
         return sorted(replies, key=lambda m: self.order(m.metadata.src_node_id))
 
     def adopt(self, identities: NodeIdentities) -> None:
-        """Keep the keys and partitions the handshake found (:func:`identify_nodes`)."""
+        """Keep the keys and partitions the handshake found (:func:`identify_nodes`).
+
+        A node that did not answer stays unknown, so it is asked again when next
+        listed: on a busy machine a cold node misses the start-up handshake, and
+        without its key its kept state could not follow it across a resume. After
+        :data:`IDENTITY_ASKS` asks it is ordered without a key, so a node that
+        never answers does not cost a round timeout every round.
+        """
         self.keys.update(identities.keys)
         self.partitions.update(identities.partitions)
+        for node in identities.keys:
+            self.unanswered.pop(node, None)
+        for node in identities.unanswered:
+            self.unanswered[node] = self.unanswered.get(node, 0) + 1
+            if self.unanswered[node] >= IDENTITY_ASKS:
+                log(WARNING, "identity: %s did not answer %d asks for its key; it is ordered "
+                    "by its random node id, so runs with it may not repeat",
+                    self.describe(node), IDENTITY_ASKS)
+                self.keys[node] = None
+                del self.unanswered[node]
 
     def learn(self, grid: Grid, nodes: Iterable[int], timeout: float | None) -> int:
         """Ask the nodes of ``nodes`` not known yet for their key.
