@@ -325,7 +325,7 @@ def config_table() -> str:
     lines = []
     for owner, keys in key_groups():
         lines.append(_group_title(owner))
-        lines += [f"{key.name} = {_toml(key.default)}" for key in keys]
+        lines += [f"{key.key} = {_toml(key.config_default)}" for key in keys]
     return "\n".join(lines) + "\n"
 
 

@@ -6,23 +6,29 @@ come from ``[tool.flwr.app.config]`` plus ``--run-config`` overrides. Under
 pyproject.toml. Every value is checked once, at the boundary, and a bad one stops the
 run with an error that names the key, the value and what is allowed.
 
-The keys of the data, the clients and the run are listed here (:data:`COMMON_KEYS`);
-a strategy's keys come from its declared parameters
-(:class:`~fl_clusters.strategies.params.Param`), grouped by the class that declares
-them, so a strategy registered from outside fl-clusters brings its keys with it.
+Every key is a :class:`~fl_clusters.strategies.params.Param` declaration, the one a
+strategy's constructor arguments use: the keys of the data, the clients and the run
+are declared here (:data:`COMMON_KEYS`); a strategy's keys are its declared
+parameters, grouped by the class that declares them, so a strategy registered from
+outside fl-clusters brings its keys with it.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import FRACTION_TRAIN, REQUIRED, SEED, Param, num_clusters_param
+from fl_clusters.strategies.params import (
+    FRACTION_TRAIN,
+    SEED,
+    Param,
+    ParamError,
+    num_clusters_param,
+)
 from fl_clusters.strategies.registry import strategy_names
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
@@ -33,196 +39,79 @@ MODELS = ("mlp", "cnn")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-@dataclass(frozen=True)
-class ConfigKey:
-    """One run-config key.
-
-    Parameters
-    ----------
-    name : str
-        Kebab-case key, as written in pyproject.toml and ``--run-config``.
-    default : bool | int | float | str
-        Value used when the key is absent; its type is the key's type.
-    choices : tuple[str, ...] | None
-        Allowed values for a string key.
-    minimum, maximum : float | None
-        Bounds for a numeric key, inclusive unless said otherwise.
-    exclusive_minimum, exclusive_maximum : bool
-        Whether ``minimum`` (``maximum``) itself is refused (a share that must be > 0).
-    unset : bool | int | float | str | None
-        A value allowed outside the bounds, standing for "chosen for you"
-        (``fldc-eps = 0``).
-    help : str
-        One line for the README and error messages.
-    """
-
-    name: str
-    default: bool | int | float | str
-    choices: tuple[str, ...] | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False
-    exclusive_maximum: bool = False
-    unset: bool | int | float | str | None = None
-    help: str = ""
-
-    @classmethod
-    def from_param(cls, param: Param) -> ConfigKey:
-        """The run-config key of a strategy's declared parameter."""
-        default = param.unset if param.default is None else param.default
-        if default is REQUIRED or default is None or param.key is None:
-            raise TypeError(f"parameter {param.name!r} needs a key and a default to be set "
-                            "from a run config (or run_config=False)")
-        return cls(
-            param.key,
-            float(default) if param.kind == "float" else default,
-            choices=param.choices,
-            minimum=param.low if param.low is not None else param.above,
-            maximum=param.high if param.high is not None else param.below,
-            exclusive_minimum=param.above is not None,
-            exclusive_maximum=param.below is not None,
-            unset=param.unset if param.allow_none else None,
-            help=param.help,
-        )
-
-    def allowed(self) -> str:
-        """Describe the allowed values in words."""
-        if self.choices is not None:
-            return ", ".join(self.choices)
-        kind = type(self.default).__name__
-        unset = "" if self.unset is None else f"{self.unset!r} or "
-        low = "(" if self.exclusive_minimum else "["
-        high = ")" if self.exclusive_maximum else "]"
-        if self.minimum is not None and self.maximum is not None:
-            return f"{unset}{kind} in {low}{self.minimum}, {self.maximum}{high}"
-        if self.minimum is not None:
-            return f"{unset}{kind} {'>' if self.exclusive_minimum else '>='} {self.minimum}"
-        if self.maximum is not None:
-            return f"{unset}{kind} {'<' if self.exclusive_maximum else '<='} {self.maximum}"
-        return unset + kind
-
-    def validate(self, value: Any) -> bool | int | float | str:
-        """Return ``value`` converted to the key's type, or raise ``ValueError``."""
-        expected = type(self.default)
-        converted: Any = value
-        if expected is bool:
-            if not isinstance(value, bool):
-                raise self._error(value)
-        elif expected is int:
-            # TOML and --run-config give ints for whole numbers; a float with a
-            # fractional part is a mistake worth reporting.
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise self._error(value)
-            if float(value) != int(value):
-                raise self._error(value)
-            converted = int(value)
-        elif expected is float:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise self._error(value)
-            converted = float(value)
-        elif not isinstance(value, str):
-            raise self._error(value)
-        if self.unset is not None and converted == self.unset:
-            return converted
-        if self.choices is not None and converted not in self.choices:
-            raise self._error(value)
-        if self.minimum is not None and (
-            converted < self.minimum or (self.exclusive_minimum and converted == self.minimum)
-        ):
-            raise self._error(value)
-        if self.maximum is not None and (
-            converted > self.maximum or (self.exclusive_maximum and converted == self.maximum)
-        ):
-            raise self._error(value)
-        return converted
-
-    def _error(self, value: Any) -> ConfigurationError:
-        return ConfigurationError(
-            f"run-config key '{self.name}' has invalid value {value!r}; allowed: "
-            f"{self.allowed()}. Fix it in [tool.flwr.app.config] or with "
-            f"--run-config \"{self.name}=...\"."
-        )
-
-
 # The data, the clients and the run; ``strategy``, whose choices are the
 # registered strategies, is made by :func:`key_groups`.
-COMMON_KEYS: tuple[ConfigKey, ...] = (
-    ConfigKey("dataset", "digits", choices=DATASETS, help="data set every client loads"),
-    ConfigKey("data-root", "", help="folder of local data files ('' = the loader's default)"),
-    ConfigKey("model", "mlp", choices=MODELS, help="network trained by every client"),
-    ConfigKey(
-        "cluster-structure", "rotation", choices=CLUSTER_STRUCTURES,
-        help="how client groups differ",
-    ),
-    ConfigKey("num-groups", 0, minimum=0, help="ground-truth groups (0 = num-clusters)"),
-    ConfigKey(
-        "group-sizes", "",
-        help="shares of the clients per group, e.g. '0.4,0.3,0.2,0.1' ('' = equal groups)",
-    ),
-    ConfigKey("dirichlet-alpha", 0.0, minimum=0.0, help="label skew (0 = IID)"),
-    ConfigKey("mixture-alpha", 0.5, minimum=0.0, help="Dirichlet over sources (rotation-mixture)"),
-    ConfigKey(
-        "rotation-step", 0.0, minimum=0.0, maximum=359.0,
-        help="degrees between rotation groups (0 = spread evenly over 360)",
-    ),
-    ConfigKey(
-        "copy-per-group", False,
-        help="each group/source gets its own transformed copy of the whole data set (IFCA)",
-    ),
-    ConfigKey("test-fraction", 0.2, minimum=0.05, maximum=0.9, help="held-out local test split"),
-    ConfigKey(
-        "validation-fraction", 0.1, minimum=0.0, maximum=0.5,
-        help="held-out local validation split (ACFL's incentive test)",
-    ),
-    ConfigKey("noisy-clients", 0, minimum=0, help="clients whose labels are randomized"),
+COMMON_KEYS: tuple[Param, ...] = (
+    Param("dataset", "digits", "str", "data set every client loads", choices=DATASETS,
+          key="dataset"),
+    Param("data_root", "", "str", "folder of local data files ('' = the loader's default)",
+          key="data-root"),
+    Param("model", "mlp", "str", "network trained by every client", choices=MODELS, key="model"),
+    Param("cluster_structure", "rotation", "str", "how client groups differ",
+          choices=CLUSTER_STRUCTURES, key="cluster-structure"),
+    Param("num_groups", 0, "int", "ground-truth groups (0 = num-clusters)", low=0,
+          key="num-groups"),
+    Param("group_sizes", "", "str",
+          "shares of the clients per group, e.g. '0.4,0.3,0.2,0.1' ('' = equal groups)",
+          key="group-sizes"),
+    Param("dirichlet_alpha", 0.0, "float", "label skew (0 = IID)", low=0.0,
+          key="dirichlet-alpha"),
+    Param("mixture_alpha", 0.5, "float", "Dirichlet over sources (rotation-mixture)", low=0.0,
+          key="mixture-alpha"),
+    Param("rotation_step", 0.0, "float",
+          "degrees between rotation groups (0 = spread evenly over 360)", low=0.0, high=359.0,
+          key="rotation-step"),
+    Param("copy_per_group", False, "bool",
+          "each group/source gets its own transformed copy of the whole data set (IFCA)",
+          key="copy-per-group"),
+    Param("test_fraction", 0.2, "float", "held-out local test split", low=0.05, high=0.9,
+          key="test-fraction"),
+    Param("validation_fraction", 0.1, "float",
+          "held-out local validation split (ACFL's incentive test)", low=0.0, high=0.5,
+          key="validation-fraction"),
+    Param("noisy_clients", 0, "int", "clients whose labels are randomized", low=0,
+          key="noisy-clients"),
     # Shared with the strategies: their declaration, so default, bounds and help
     # are written once.
-    ConfigKey.from_param(num_clusters_param(4)),
-    ConfigKey("min-nodes", 2, minimum=1,
-              help="nodes to wait for before round 1; the fewest connected nodes a round needs"),
-    ConfigKey("num-rounds", 15, minimum=1, help="federated rounds"),
-    ConfigKey("local-epochs", 1, minimum=1, help="local epochs when local-steps = 0"),
-    ConfigKey("local-steps", 10, minimum=0, help="local SGD steps tau (0 = use epochs)"),
-    ConfigKey("lr", 0.1, minimum=0.0, help="client SGD learning rate"),
-    ConfigKey("batch-size", 32, minimum=1, help="client mini-batch size"),
-    ConfigKey.from_param(FRACTION_TRAIN),
-    ConfigKey.from_param(SEED),
-    ConfigKey("device", "auto", choices=DEVICES, help="where clients compute"),
-    ConfigKey("results-dir", "results", help="folder that receives one sub-folder a run"),
-    ConfigKey("target-accuracy", 0.8, minimum=0.0, maximum=1.0, help="for rounds-to-target"),
-    ConfigKey("proximal-mu", 0.01, minimum=0.0, help="FedProx proximal weight"),
-    ConfigKey(
-        "torch-threads",
-        1,
-        minimum=0,
-        help="torch threads per client process; match client resources' num-cpus (0 = default)",
-    ),
-    ConfigKey(
-        "max-in-flight",
-        0,
-        minimum=0,
-        help="most messages pushed and unanswered at once (0 = 16 a CPU core in simulation, "
-        "no limit deployed)",
-    ),
-    ConfigKey("round-timeout", 3600.0, minimum=1.0,
-              help="seconds every send (round, query, report) waits for replies; later ones drop"),
-    ConfigKey(
-        "checkpoint-every", 0, minimum=0,
-        help="write checkpoint.zip to the results folder every this many rounds (0 = never)",
-    ),
-    ConfigKey(
-        "resume-from", "",
-        help="results folder (or checkpoint.zip) of an interrupted run to continue ('' = none)",
-    ),
-    ConfigKey(
-        "plots", True,
-        help="write accuracy, assignment and similarity PNGs next to summary.json",
-    ),
-    ConfigKey(
-        "verbose", False,
-        help="print Flower's full log (every strategy step, per-round metric records) "
-             "instead of one progress line per round",
-    ),
+    num_clusters_param(4),
+    Param("min_nodes", 2, "int",
+          "nodes to wait for before round 1; the fewest connected nodes a round needs", low=1,
+          key="min-nodes"),
+    Param("num_rounds", 15, "int", "federated rounds", low=1, key="num-rounds"),
+    Param("local_epochs", 1, "int", "local epochs when local-steps = 0", low=1,
+          key="local-epochs"),
+    Param("local_steps", 10, "int", "local SGD steps tau (0 = use epochs)", low=0,
+          key="local-steps"),
+    Param("lr", 0.1, "float", "client SGD learning rate", low=0.0, key="lr"),
+    Param("batch_size", 32, "int", "client mini-batch size", low=1, key="batch-size"),
+    FRACTION_TRAIN,
+    SEED,
+    Param("device", "auto", "str", "where clients compute", choices=DEVICES, key="device"),
+    Param("results_dir", "results", "str", "folder that receives one sub-folder a run",
+          key="results-dir"),
+    Param("target_accuracy", 0.8, "float", "for rounds-to-target", low=0.0, high=1.0,
+          key="target-accuracy"),
+    Param("proximal_mu", 0.01, "float", "FedProx proximal weight", low=0.0, key="proximal-mu"),
+    Param("torch_threads", 1, "int",
+          "torch threads per client process; match client resources' num-cpus (0 = default)",
+          low=0, key="torch-threads"),
+    Param("max_in_flight", 0, "int",
+          "most messages pushed and unanswered at once (0 = 16 a CPU core in simulation, "
+          "no limit deployed)", low=0, key="max-in-flight"),
+    Param("round_timeout", 3600.0, "float",
+          "seconds every send (round, query, report) waits for replies; later ones drop",
+          low=1.0, key="round-timeout"),
+    Param("checkpoint_every", 0, "int",
+          "write checkpoint.zip to the results folder every this many rounds (0 = never)",
+          low=0, key="checkpoint-every"),
+    Param("resume_from", "", "str",
+          "results folder (or checkpoint.zip) of an interrupted run to continue ('' = none)",
+          key="resume-from"),
+    Param("plots", True, "bool",
+          "write accuracy, assignment and similarity PNGs next to summary.json", key="plots"),
+    Param("verbose", False, "bool",
+          "print Flower's full log (every strategy step, per-round metric records) "
+          "instead of one progress line per round", key="verbose"),
 )
 
 
@@ -237,22 +126,23 @@ def _declaring_classes(strategies: Iterable[type[ClusteredStrategy]]) -> list[ty
     return bases + sorted(strategies, key=lambda cls: cls.name or "")
 
 
-KeyGroup = tuple[type | None, tuple[ConfigKey, ...]]
+KeyGroup = tuple[type | None, tuple[Param, ...]]
 
 
 @lru_cache(maxsize=4)
 def _groups(
     strategies: tuple[type[ClusteredStrategy], ...], names: tuple[str, ...]
 ) -> tuple[KeyGroup, ...]:
-    strategy = ConfigKey("strategy", "ifca", choices=names, help="algorithm the ServerApp runs")
-    seen = {key.name for key in COMMON_KEYS}
+    strategy = Param("strategy", "ifca", "str", "algorithm the ServerApp runs", choices=names,
+                     key="strategy")
+    seen = {key.key for key in COMMON_KEYS}
     groups: list[KeyGroup] = [(None, (strategy, *COMMON_KEYS))]
     for klass in _declaring_classes(strategies):
         keys = []
         for param in vars(klass).get("params", ()):
             if param.run_config and param.key not in seen:
                 seen.add(param.key)
-                keys.append(ConfigKey.from_param(param))
+                keys.append(param)
         if keys:
             groups.append((klass, tuple(keys)))
     return tuple(groups)
@@ -270,9 +160,9 @@ def key_groups() -> tuple[KeyGroup, ...]:
                    tuple(strategy_names()))
 
 
-def config_keys() -> dict[str, ConfigKey]:
-    """Every run-config key by name, common keys first, then each strategy's."""
-    return {key.name: key for _, keys in key_groups() for key in keys}
+def config_keys() -> dict[str, Param]:
+    """Every run-config key's declaration by key, common keys first, then each strategy's."""
+    return {str(key.key): key for _, keys in key_groups() for key in keys}
 
 
 def strategy_keys(strategy: str) -> set[str]:
@@ -281,7 +171,7 @@ def strategy_keys(strategy: str) -> set[str]:
     Its own are the keys of the parameters the strategy declares (its bases' shared
     options included); a baseline of Flower's reads the common keys only.
     """
-    common = {key.name for klass, keys in key_groups() if klass is None for key in keys}
+    common = {key.key for klass, keys in key_groups() if klass is None for key in keys}
     cls = ClusteredStrategy.registry.get(strategy)
     declared = cls.declared_params() if cls is not None else ()
     return common | {param.key for param in declared if param.run_config and param.key}
@@ -312,9 +202,15 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             "unknown run-config key(s) " + ", ".join(_unknown_key(name, keys) for name in unknown)
             + "; every key is listed in docs/config.md"
         )
-    settings = {key.name: key.default for key in keys.values()}
+    settings = {name: key.config_default for name, key in keys.items()}
     for name, value in run_config.items():
-        settings[name] = keys[name].validate(value)
+        try:
+            settings[name] = keys[name].run_config_value(value)
+        except ParamError as error:
+            raise ConfigurationError(
+                f"{error}. Fix it in [tool.flwr.app.config] or with --run-config "
+                f"\"{name}=...\"."
+            ) from error
     if settings["num-groups"] == 0:
         settings["num-groups"] = settings["num-clusters"]
     return settings
@@ -341,10 +237,8 @@ def parse_group_sizes(text: str) -> tuple[float, ...] | None:
     except ValueError:
         shares = ()
     if not shares or not all(share > 0 and share != float("inf") for share in shares):
-        raise ValueError(
-            f"run-config key 'group-sizes' has invalid value {text!r}; allowed: '' or "
-            f"comma-separated positive numbers, one per group, e.g. '0.4,0.3,0.2,0.1'"
-        )
+        raise ParamError("group-sizes", "'' or comma-separated positive numbers, one per "
+                         "group, e.g. '0.4,0.3,0.2,0.1'", text, key=True)
     return shares
 
 

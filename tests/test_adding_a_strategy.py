@@ -72,7 +72,8 @@ def test_the_worked_example_declares_its_run_config_key(
     key = config_keys()["fesem-init"]
     assert key.default == "farthest"
     assert "fesem-num-clusters" not in config_keys()
-    with pytest.raises(ValueError, match="run-config key 'fesem-init' has invalid value"):
+    with pytest.raises(ValueError, match="run-config key 'fesem-init' must be one of "
+                       "'farthest', 'random'; got 'kmeans'"):
         parse_run_config({"strategy": "fesem", "fesem-init": "kmeans"})
     problem = fesem(num_clusters=4).federation_problem(3)  # type: ignore[call-arg]
     assert problem is not None and problem.startswith("FeSEM takes its 4 first centres")

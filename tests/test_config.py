@@ -25,19 +25,24 @@ def test_pyproject_lists_every_key_with_its_default() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("strategy", "kmeans", "acfl, cfl, fedavg, fedem, fedprox"),
-        ("dataset", "imagenet", "digits, fashion-mnist"),
-        ("num-clusters", 0, "int >= 1"),
-        ("fraction-train", 1.5, "float in [0.0, 1.0]"),
-        ("num-rounds", 2.5, "int >= 1"),
-        ("mcfl", "yes", "bool"),
+        ("strategy", "kmeans", "must be one of 'acfl', 'cfl', 'fedavg', 'fedem', 'fedprox'"),
+        ("dataset", "imagenet", "must be one of 'digits', 'fashion-mnist'"),
+        ("num-clusters", 0, "must be an int >= 1; got 0 (int)"),
+        ("fraction-train", 1.5, "must be a number in [0, 1]; got 1.5 (float)"),
+        ("num-rounds", 2.5, "must be an int >= 1; got 2.5 (float)"),
+        ("num-rounds", True, "must be an int >= 1; got True (bool)"),
+        ("num-rounds", float("inf"), "must be an int >= 1; got inf (float)"),
+        ("lr", "0.1", "must be a number >= 0; got '0.1' (str)"),
+        ("mcfl", "yes", "must be a bool (True or False); got 'yes' (str)"),
+        ("data-root", 3, "must be a string; got 3 (int)"),
     ],
 )
 def test_bad_value_names_key_value_and_allowed(key: str, value: object, allowed: str) -> None:
     with pytest.raises(ValueError) as err:
         parse_run_config({key: value})
     message = str(err.value)
-    assert f"'{key}'" in message
+    assert message.startswith(f"run-config key '{key}' must be ")
+    assert f'--run-config "{key}=..."' in message
     assert repr(value) in message
     assert allowed in message
 
@@ -47,28 +52,31 @@ def test_unknown_key_is_named() -> None:
         parse_run_config({"num-cluster": 3})
 
 
-def test_whole_float_becomes_int() -> None:
-    assert parse_run_config({"num-rounds": 3.0})["num-rounds"] == 3
+def test_toml_numbers_become_the_key_kind() -> None:
+    settings = parse_run_config({"num-rounds": 3.0, "lr": 1})
+    assert settings["num-rounds"] == 3 and type(settings["num-rounds"]) is int
+    assert settings["lr"] == 1.0 and type(settings["lr"]) is float
 
 
 def test_a_strategy_key_takes_its_constraint_from_the_declaration() -> None:
-    with pytest.raises(ValueError, match=r"'ifca-server-lr'.*allowed: float > 0.0"):
+    with pytest.raises(ValueError, match=r"'ifca-server-lr' must be a number > 0; got 0 "):
         parse_run_config({"ifca-server-lr": 0})
-    with pytest.raises(ValueError, match=r"'acfl-converge-tolerance'.*float in \(0.0, 1.0\)"):
+    with pytest.raises(ValueError,
+                       match=r"'acfl-converge-tolerance' must be a number in \(0, 1\); got 1.0"):
         parse_run_config({"acfl-converge-tolerance": 1.0})
     # fldc-eps 0 stands for "chosen by fldc-eps-method" (the constructor's None).
     assert parse_run_config({"fldc-eps": 0})["fldc-eps"] == 0.0
-    with pytest.raises(ValueError, match=r"allowed: 0.0 or float > 0.0"):
+    with pytest.raises(ValueError, match=r"'fldc-eps' must be a number > 0 or 0.0; got -1.0"):
         parse_run_config({"fldc-eps": -1.0})
 
 
 def test_keys_are_grouped_common_first_then_by_declaring_class() -> None:
     groups = {getattr(owner, "name", None) or getattr(owner, "__name__", ""): keys
               for owner, keys in key_groups()}
-    assert [key.name for key in groups[""]][:2] == ["strategy", "dataset"]
-    assert [key.name for key in groups["HardClusteredStrategy"]] == [
+    assert [key.key for key in groups[""]][:2] == ["strategy", "dataset"]
+    assert [key.key for key in groups["HardClusteredStrategy"]] == [
         "awcfl-beta", "mcfl", "mcfl-feature-samples"]
-    assert [key.name for key in groups["fedsoft"]] == [
+    assert [key.key for key in groups["fedsoft"]] == [
         "fedsoft-tau", "fedsoft-sigma", "fedsoft-clients-per-cluster", "fedsoft-lambda",
         "fedsoft-init"]
-    assert "num-clusters" not in {key.name for key in groups["ifca"]}  # a common key
+    assert "num-clusters" not in {key.key for key in groups["ifca"]}  # a common key

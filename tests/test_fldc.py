@@ -55,8 +55,7 @@ def test_fldc_eps_method_comes_from_the_run_config_and_bad_values_are_named() ->
 
 
 def test_fldc_r_zero_is_refused_by_the_run_config_not_later() -> None:
-    with pytest.raises(ValueError, match=r"'fldc-r' has invalid value 0\.0; allowed: float in "
-                       r"\(0\.0, 1\.0\]"):
+    with pytest.raises(ValueError, match=r"'fldc-r' must be a number in \(0, 1\]; got 0\.0 "):
         parse_run_config({"fldc-r": 0.0})
     assert parse_run_config({"fldc-r": 1.0})["fldc-r"] == 1.0
 

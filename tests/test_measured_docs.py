@@ -60,13 +60,15 @@ def _patch_key_groups(monkeypatch: pytest.MonkeyPatch,
 def test_a_new_run_config_key_orphans_no_run_and_changes_no_page(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fl_clusters.config import ConfigKey, config_keys
+    from fl_clusters.config import config_keys
+    from fl_clusters.strategies.params import Param
     from fl_clusters.sweep.report import latest_lines, stale_runs
 
     class NearestCentre:  # what a new strategy's declared parameter brings
         pass
 
-    new_key = ConfigKey("fesem-init", "random", choices=("random", "kmeans"))
+    new_key = Param("init", "random", "str", "initial centres", choices=("random", "kmeans"),
+                    key="fesem-init")
     _patch_key_groups(monkeypatch, lambda groups: (*groups, (NearestCentre, (new_key,))))
     assert config_keys()["fesem-init"] == new_key
     for folder in _sweep_folders():
@@ -88,7 +90,7 @@ def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
     from fl_clusters.sweep.report import latest_lines
 
     _patch_key_groups(monkeypatch, lambda groups: tuple(
-        (owner, tuple(replace(key, default=0.5) if key.name == "cfl-eps2" else key
+        (owner, tuple(replace(key, default=0.5) if key.key == "cfl-eps2" else key
                       for key in keys)) for owner, keys in groups))
     # The runs that used the old default: CFL's, where the sweep left cfl-eps2 unset.
     used_it: dict[str, set[str]] = {}

@@ -68,7 +68,8 @@ def parse(text: str):  # type: ignore[no-untyped-def]
         ('baseline = "fedavg"\n[grid]\nstrategy = ["ifca", "fedavg"]',
          "baseline must name one grid axis"),
         ('[grid]\nstrategy = ["ifca", "fedavgg"]',
-         "cell strategy=fedavgg: run-config key 'strategy' has invalid value 'fedavgg'"),
+         "cell strategy=fedavgg: run-config key 'strategy' must be one of 'acfl', 'cfl', "
+         "'fedavg'"),
         ('[base]\nresults-dir = "x"\n[grid]\nseed = [0]',
          "run-config key 'results-dir' is set by the sweep"),
         ('[grid]\nseed = [0]\n[federation]\nnum-nodes = 4',

@@ -91,7 +91,7 @@ def test_toy_strategy_declaration_gives_its_run_config_key(
     toy_strategy: type[HardClusteredStrategy],
 ) -> None:
     key = config_keys()["toy-clusters"]
-    assert (key.default, key.minimum, key.help) == (2, 1, "toy: clusters the nodes are dealt into")
+    assert (key.default, key.low, key.help) == (2, 1, "toy: clusters the nodes are dealt into")
     settings = {**parse_run_config({"strategy": "toy", "toy-clusters": 4.0}),
                 "min-nodes": 2}
     built = build_strategy(settings)
@@ -103,7 +103,8 @@ def test_toy_strategy_declaration_gives_its_run_config_key(
 def test_toy_strategy_refuses_a_bad_value_naming_the_key(
     toy_strategy: type[HardClusteredStrategy],
 ) -> None:
-    with pytest.raises(ValueError, match=r"run-config key 'toy-clusters' has invalid value 0"):
+    with pytest.raises(ValueError,
+                       match=r"run-config key 'toy-clusters' must be an int >= 1; got 0 \(int\)"):
         parse_run_config({"strategy": "toy", "toy-clusters": 0})
     with pytest.raises(ParamError, match=r"clusters must be an int >= 1; got 0 \(int\)"):
         toy_strategy(clusters=0)  # type: ignore[call-arg]

@@ -1,14 +1,21 @@
-"""A strategy's parameters, declared once: constraint, run-config key and help.
+"""Parameters declared once: constraint, run-config key and help.
 
-A strategy class lists its constructor arguments as :class:`Param` declarations
-(``params``, see :class:`Declared`); the base class checks every argument against
-them in one call (:meth:`Declared.init_params`), fl-clusters' run config derives
-its keys from them, and docs/generate_strategies.py writes the documentation and
-pyproject.toml's keys from them. A bad value gets one kind of message whatever the strategy: the
-argument's name, what it must be and what came (``num_clusters must be an int
->= 1; got 2.5 (float)``). Python's own coercions are refused: ``True`` is not an
-int and ``'2'`` is not a number, since either usually means a value that was
-read or passed wrongly.
+One declaration (:class:`Param`) serves a strategy's constructor argument and a
+run-config key alike. A strategy class lists its constructor arguments as
+declarations (``params``, see :class:`Declared`); the base class checks every
+argument against them in one call (:meth:`Declared.init_params`). fl-clusters'
+run config (fl_clusters/config.py) is the keys of these declarations plus its own
+declarations of the data, the clients and the run, and docs/generate_strategies.py
+writes the documentation and pyproject.toml's keys from them.
+
+A bad value gets one kind of message wherever it came from: the name as the user
+wrote it (the argument's for a constructor, the kebab-case key for a run
+config), what it must be and what came (``num_clusters must be an int >= 1; got
+2.5 (float)``). Python's own coercions are refused: ``True`` is not an int and
+``'2'`` is not a number, since either usually means a value that was read or
+passed wrongly. A run-config value is converted in one place
+(:meth:`Param.run_config_value`): TOML writes whole numbers as ints, so an int is
+a float key's value, and a whole float an int key's.
 """
 
 from __future__ import annotations
@@ -44,15 +51,18 @@ class ParamError(ValueError):
     Parameters
     ----------
     name : str
-        The argument's name.
+        The argument's name, or the run-config key with ``key``.
     expected : str
         What it must be, in words (``an int >= 1``).
     value : Any
         What was given.
+    key : bool (default: False)
+        Whether ``name`` is a run-config key (``run-config key 'num-clusters' must be...``).
     """
 
-    def __init__(self, name: str, expected: str, value: Any) -> None:
-        super().__init__(f"{name} must be {expected}; got {value!r} ({type(value).__name__})")
+    def __init__(self, name: str, expected: str, value: Any, *, key: bool = False) -> None:
+        label = f"run-config key {name!r}" if key else name
+        super().__init__(f"{label} must be {expected}; got {value!r} ({type(value).__name__})")
         self.name = name
         self.expected = expected
         self.value = value
@@ -95,8 +105,8 @@ def check_param(
         What the caller passed.
     kind : {"int", "float", "bool", "str"}
         ``"int"``: a whole number (not a bool); ``"float"``: any finite real number
-        (an int too, not a bool); ``"bool"``: True or False; ``"str"``: one of
-        ``choices``.
+        (an int too, not a bool); ``"bool"``: True or False; ``"str"``: a string,
+        one of ``choices`` when given.
     low, high : float | None
         Inclusive bounds of a number.
     above, below : float | None
@@ -125,14 +135,15 @@ def check_param(
 
 
 def _fits(
-    value: Any, kind: Kind, low: float | None, high: float | None, above: float | None,
-    below: float | None, choices: Sequence[str] | None,
+    value: Any, kind: Kind, low: float | None = None, high: float | None = None,
+    above: float | None = None, below: float | None = None,
+    choices: Sequence[str] | None = None,
 ) -> bool:
     """Whether ``value`` is of ``kind`` and within the bounds (:func:`check_param`)."""
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "str":
-        return isinstance(value, str) and value in (choices or ())
+        return isinstance(value, str) and (choices is None or value in choices)
     number_type = Integral if kind == "int" else Real
     return bool(
         isinstance(value, number_type) and not isinstance(value, bool)
@@ -149,8 +160,10 @@ def expected(kind: Kind, **constraint: Any) -> str:
     """
     if kind == "bool":
         text = "a bool (True or False)"
+    elif kind == "str" and constraint.get("choices") is None:
+        text = "a string"
     elif kind == "str":
-        text = "one of " + ", ".join(repr(c) for c in constraint.get("choices") or ())
+        text = "one of " + ", ".join(repr(c) for c in constraint["choices"])
     else:
         bounds = [constraint.get(side) for side in ("low", "high", "above", "below")]
         text = ("an int" if kind == "int" else "a number") + _bounds(*bounds)
@@ -159,13 +172,14 @@ def expected(kind: Kind, **constraint: Any) -> str:
 
 @dataclass(frozen=True)
 class Param:
-    """One constructor argument of a strategy, declared once.
+    """One parameter, declared once: a constructor argument, a run-config key, or both.
 
     Parameters
     ----------
     name : str
         The argument's name, as the constructor spells it (and the attribute the
-        base class sets).
+        base class sets); a run-config key no constructor takes is named after
+        its key.
     default : Any
         Its default, the same as the constructor signature's (``REQUIRED``: none).
     kind : {"int", "float", "bool", "str"}
@@ -178,8 +192,9 @@ class Param:
         The run-config value that stands for ``None`` (run configs have no
         ``None``); only with ``allow_none``.
     key : str | None
-        Its run-config key; ``None``: the declaring strategy's name and the
-        argument's, e.g. ``ifca-init-steps`` for IFCA's ``init_steps``.
+        Its run-config key (kebab-case, as pyproject.toml and ``--run-config``
+        write it); ``None``: the declaring strategy's name and the argument's,
+        e.g. ``ifca-init-steps`` for IFCA's ``init_steps``.
     run_config : bool (default: True)
         Whether a run config sets it (``False``: a constructor argument only).
     paper : Any (default: SAME)
@@ -229,6 +244,39 @@ class Param:
     def expected(self) -> str:
         """What the argument must be, in words (``an int >= 1``)."""
         return expected(self.kind, **self.constraint())
+
+    @property
+    def config_default(self) -> bool | int | float | str:
+        """The run config's default: the default as the key's kind, ``unset`` for ``None``."""
+        default = self.unset if self.default is None else self.default
+        if default is REQUIRED or default is None or self.key is None:
+            raise TypeError(f"parameter {self.name!r} needs a key and a default to be set "
+                            "from a run config (or run_config=False)")
+        return float(default) if self.kind == "float" else default
+
+    def run_config_value(self, value: Any) -> bool | int | float | str:
+        """Return the run-config value ``value`` as the key's kind, or raise :class:`ParamError`.
+
+        TOML writes a whole number as an int: an int is taken for a float key, a
+        whole float for an int key; a bool is never a number. A run config has no
+        ``None``: ``unset`` stands for it, and is returned as it is.
+        """
+        converted = value
+        if self.kind == "int" and isinstance(value, float) and value.is_integer():
+            converted = int(value)
+        elif self.kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+            converted = float(value)
+        if self.allow_none and _fits(converted, self.kind) and converted == self.unset:
+            return converted  # type: ignore[no-any-return]
+        if not _fits(converted, self.kind, self.low, self.high, self.above, self.below,
+                     self.choices):
+            raise ParamError(str(self.key), self.run_config_expected(), value, key=True)
+        return converted  # type: ignore[no-any-return]
+
+    def run_config_expected(self) -> str:
+        """What the run-config key must be, in words: ``unset`` in the place of ``None``."""
+        text = expected(self.kind, **{**self.constraint(), "allow_none": False})
+        return f"{text} or {self.unset!r}" if self.allow_none else text
 
     def with_prefix(self, prefix: str | None) -> Param:
         """This declaration with its key derived from ``prefix`` (a strategy's name) if unset."""

@@ -54,11 +54,11 @@ def _clustered(cls: type[ClusteredStrategy], settings: Settings) -> ClusteredStr
     try:
         strategy = cls(**run_config_arguments(cls, settings))
     except ParamError as error:
-        keys = {param.name: param.key for param in cls.declared_params()}
-        raise ValueError(
-            f"run-config key '{keys.get(error.name) or error.name}' must be {error.expected} "
-            f"for strategy '{cls.name}'; got {error.value!r}"
-        ) from error
+        key = {param.name: param.key for param in cls.declared_params()}.get(error.name)
+        if key is None:
+            raise
+        raise ParamError(key, f"{error.expected} for strategy '{cls.name}'", error.value,
+                         key=True) from error
     # Its later messages then name the run-config keys the user can change.
     strategy.from_run_config = True
     return strategy
