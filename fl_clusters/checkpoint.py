@@ -14,7 +14,8 @@ the node that now answers the handshake with the same stable key
 (:meth:`~fl_clusters.handshake.NodeRegistry.moved_ids`). The round loop that
 writes checkpoints and resumes from one is :mod:`fl_clusters.rounds`.
 
-The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code:
+The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code
+(:mod:`fl_clusters.checkpoint_archive` writes and checks it):
 
 - ``manifest.json``: the format's name, its version and the SHA-256 of each other part;
 - ``state.json``: everything but arrays, as a typed JSON tree
@@ -34,11 +35,8 @@ refused whole with one line naming the file and the damage.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
-import struct
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +45,15 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from fl_clusters.files import atomic_output
+from fl_clusters.checkpoint_archive import (
+    ARRAYS,
+    CHECKPOINT_FILE,
+    STATE,
+    ZIP_ERRORS,
+    one_line,
+    read_parts,
+    write_parts,
+)
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.state_tree import (
     TREE_ERRORS,
@@ -59,26 +65,14 @@ from fl_clusters.state_tree import (
 from fl_clusters.strategies.interface import ServerStrategy
 from fl_clusters.strategies.registry import build_strategy
 
-CHECKPOINT_FILE = "checkpoint.zip"
 # What the earlier versions wrote; refused without being opened.
 PICKLED_CHECKPOINT_FILE = "checkpoint.pkl"
-FORMAT_NAME = "fl-clusters checkpoint"
-# Changes whenever what a checkpoint holds changes: another version is refused.
-CHECKPOINT_VERSION = 3
-MANIFEST, STATE, ARRAYS = "manifest.json", "state.json", "arrays.npz"
 # Settings a resumed run may change: where results go, how long the run lasts and
 # how patient it is; none changes what a round computes from the state.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "checkpoint-every", "resume-from", "results-dir", "round-timeout",
     "plots", "min-nodes", "target-accuracy", "device", "torch-threads",
 })
-# The first bytes of the files a checkpoint path may hold instead of a checkpoint.
-ZIP_MAGIC = b"PK\x03\x04"
-PICKLE_PROTOCOLS = range(2, 6)
-# What a damaged zip raises while it is read (a flipped byte in a header can make
-# zipfile ask for a password or a compression method it lacks, or read past the end).
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError,
-              ValueError, NotImplementedError, RuntimeError, struct.error, OverflowError)
 
 
 def remap_node_ids(value: Any, mapping: Mapping[int, int]) -> Any:
@@ -121,92 +115,6 @@ def remap_node_ids(value: Any, mapping: Mapping[int, int]) -> Any:
     if type(value).__module__.startswith("fl_clusters") and hasattr(value, "__dict__"):
         value.__dict__.update(remap_node_ids(dict(value.__dict__), mapping))
     return value
-
-
-def one_line(error: BaseException) -> str:
-    """``error``'s message on one line."""
-    return " ".join(str(error).split())
-
-
-def read_parts(path: Path) -> dict[str, bytes]:
-    """The parts of the checkpoint file at ``path``, each checked against the manifest.
-
-    Raises
-    ------
-    DamagedCheckpoint
-        If the file is a pickle, not a zip archive, truncated, without a manifest
-        of this format and version, or a part does not match its SHA-256.
-    """
-    _refuse_other_files(path)
-    parts = _archive_parts(path)
-    _check_manifest(parts)
-    return parts
-
-
-def _refuse_other_files(path: Path) -> None:
-    """Refuse a file that is empty, a pickle or no zip archive, from its first bytes."""
-    with path.open("rb") as source:
-        head = source.read(len(ZIP_MAGIC))
-    if not head:
-        raise DamagedCheckpoint("is empty")
-    if head[0] == 0x80 and len(head) > 1 and head[1] in PICKLE_PROTOCOLS:
-        raise DamagedCheckpoint(
-            "is a pickle file, which fl-clusters does not load (loading a pickle can run "
-            f"any code); resume only from a {CHECKPOINT_FILE} written by fl-clusters"
-        )
-    if head != ZIP_MAGIC:
-        raise DamagedCheckpoint("is not an fl-clusters checkpoint (not a zip archive)")
-
-
-def _archive_parts(path: Path) -> dict[str, bytes]:
-    """The bytes of the manifest, state and arrays parts of the zip archive at ``path``."""
-    parts: dict[str, bytes] = {}
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            if MANIFEST not in names:
-                raise DamagedCheckpoint(f"is not an fl-clusters checkpoint (no {MANIFEST})")
-            for name in (MANIFEST, STATE, ARRAYS):
-                if name not in names:
-                    raise DamagedCheckpoint(f"is damaged: it lacks its part {name}")
-                try:
-                    parts[name] = archive.read(name)
-                except ZIP_ERRORS as error:
-                    raise DamagedCheckpoint(
-                        f"is damaged: its part {name} cannot be read ({one_line(error)})"
-                    ) from None
-    except ZIP_ERRORS as error:
-        raise DamagedCheckpoint(
-            f"is truncated or damaged: its zip directory cannot be read ({one_line(error)})"
-        ) from None
-    return parts
-
-
-def _check_manifest(parts: Mapping[str, bytes]) -> None:
-    """Check the manifest names this format and version and the parts' SHA-256."""
-    try:
-        manifest = json.loads(parts[MANIFEST])
-        found_format, version = manifest["format"], manifest["version"]
-        sha256 = {name: str(manifest["sha256"][name]) for name in (STATE, ARRAYS)}
-    except (ValueError, KeyError, TypeError) as error:
-        raise DamagedCheckpoint(
-            f"is not an fl-clusters checkpoint (its {MANIFEST} is unreadable: {one_line(error)})"
-        ) from None
-    if found_format != FORMAT_NAME:
-        raise DamagedCheckpoint(f"is not an fl-clusters checkpoint (its format is "
-                                f"{found_format!r})")
-    if version != CHECKPOINT_VERSION:
-        raise DamagedCheckpoint(
-            f"is a version-{version} fl-clusters checkpoint, and this fl-clusters reads "
-            f"version {CHECKPOINT_VERSION} only; finish that run with the fl-clusters that "
-            "wrote it"
-        )
-    for name, expected in sha256.items():
-        if hashlib.sha256(parts[name]).hexdigest() != expected:
-            raise DamagedCheckpoint(
-                f"is damaged: checksum mismatch of its part {name} (its SHA-256 is not the "
-                f"one {MANIFEST} records)"
-            )
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -382,17 +290,8 @@ class Checkpoint:
         state = json.dumps(writer.tree(fields, "checkpoint"), allow_nan=False).encode()
         arrays = io.BytesIO()
         np.savez(arrays, allow_pickle=False, **writer.arrays)
-        parts = {STATE: state, ARRAYS: arrays.getvalue()}
-        manifest = {
-            "format": FORMAT_NAME,
-            "version": CHECKPOINT_VERSION,
-            "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()},
-        }
         path = folder / CHECKPOINT_FILE
-        with atomic_output(path) as out, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-            archive.writestr(MANIFEST, json.dumps(manifest, indent=2))
-            for name, data in parts.items():
-                archive.writestr(name, data)
+        write_parts(path, {STATE: state, ARRAYS: arrays.getvalue()})
         return path
 
     @classmethod

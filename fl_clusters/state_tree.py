@@ -14,7 +14,7 @@ namespace, and gets back its attributes without its constructor running: the
 names a file holds are data, so reading one imports no module and runs no code
 it names (the reason the checkpoint holds no pickle). A tree that names anything
 else is refused as a damaged checkpoint. The file around the tree (zip parts,
-manifest, checksums) is :mod:`fl_clusters.checkpoint`'s.
+manifest, checksums) is :mod:`fl_clusters.checkpoint_archive`'s.
 """
 
 from __future__ import annotations
