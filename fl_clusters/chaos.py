@@ -31,7 +31,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
@@ -54,6 +54,7 @@ _ROUND_DONE = re.compile(r"^round\s+(\d+)/\d+\s", re.MULTILINE)
 _CHILD = "import sys; from fl_clusters.chaos import main; sys.exit(main(sys.argv[1:]))"
 # How often run_until_killed looks at the child's checkpoint and log.
 _POLL_S = 0.1
+_Result = TypeVar("_Result")
 
 
 def draw_fault(
@@ -394,39 +395,60 @@ def run_chaos(
         checkpoint, then the resumed run's) and in the rounds the kill lost
         (``faults_lost``); ``seconds`` of each simulation.
     """
+    _check_chaos_settings(settings, faults)
+    fault_logs = _fault_log_folders(folder)
+    seconds: dict[str, float] = {}
+    clean = ChildRun({**settings, "results-dir": str(folder / "clean")}, num_clients, client_cpus)
+    clean_folder = _timed(seconds, "clean", lambda: clean.run(folder / "clean.log", timeout_s))
+    killed = ChildRun(
+        {**settings, "results-dir": str(folder / "killed")}, num_clients, client_cpus,
+        dataclasses.replace(faults, log_dir=str(fault_logs["killed"])),
+    )
+    killed_folder, last_round = _timed(seconds, "killed", lambda: killed.run_until_killed(
+        folder / "killed.log", kill_after_round, timeout_s))
+    resumed = ChildRun(
+        {**settings, "results-dir": str(folder / "resumed"), "resume-from": str(killed_folder)},
+        num_clients, client_cpus, dataclasses.replace(faults, log_dir=str(fault_logs["resumed"])),
+    )
+    resumed_folder = _timed(seconds, "resumed",
+                            lambda: resumed.run(folder / "resumed.log", timeout_s))
+    chaos = _chaos_outcome(resumed_folder, fault_logs, last_round)
+    return {"clean": run_outcome(clean_folder), "chaos": chaos, "seconds": seconds}
+
+
+def _check_chaos_settings(settings: Mapping[str, Any], faults: FaultInjector) -> None:
+    """Refuse settings under which the killed run cannot resume or a stall is no stall."""
     if settings.get("checkpoint-every", 0) <= 0:
         raise ValueError("run_chaos: settings need checkpoint-every > 0 to resume the killed run")
     if faults.stall_rate > 0 and faults.stall_s <= settings.get("round-timeout", 3600.0):
         raise ValueError(f"run_chaos: stall_s={faults.stall_s} must exceed round-timeout="
                          f"{settings.get('round-timeout', 3600.0)}")
+
+
+def _fault_log_folders(folder: Path) -> dict[str, Path]:
+    """Create ``folder`` and in it a fault log folder each for the killed and the resumed run."""
     folder.mkdir(parents=True, exist_ok=True)
     fault_logs = {name: folder / f"faults-{name}" for name in ("killed", "resumed")}
     for path in fault_logs.values():
         path.mkdir(exist_ok=True)
-    seconds = {}
+    return fault_logs
 
+
+def _timed(seconds: dict[str, float], name: str, run: Callable[[], _Result]) -> _Result:
+    """What ``run`` returns; the seconds it took go to ``seconds[name]``."""
     started = time.monotonic()
-    clean = ChildRun({**settings, "results-dir": str(folder / "clean")}, num_clients, client_cpus)
-    clean_folder = clean.run(folder / "clean.log", timeout_s)
-    seconds["clean"] = time.monotonic() - started
+    result = run()
+    seconds[name] = time.monotonic() - started
+    return result
 
-    started = time.monotonic()
-    killed = ChildRun(
-        {**settings, "results-dir": str(folder / "killed")}, num_clients, client_cpus,
-        dataclasses.replace(faults, log_dir=str(fault_logs["killed"])),
-    )
-    killed_folder, last_round = killed.run_until_killed(
-        folder / "killed.log", kill_after_round, timeout_s)
-    seconds["killed"] = time.monotonic() - started
 
-    started = time.monotonic()
-    resumed = ChildRun(
-        {**settings, "results-dir": str(folder / "resumed"), "resume-from": str(killed_folder)},
-        num_clients, client_cpus, dataclasses.replace(faults, log_dir=str(fault_logs["resumed"])),
-    )
-    resumed_folder = resumed.run(folder / "resumed.log", timeout_s)
-    seconds["resumed"] = time.monotonic() - started
+def _chaos_outcome(resumed_folder: Path, fault_logs: Mapping[str, Path],
+                   last_round: int) -> dict[str, Any]:
+    """The chaotic run's outcome, with the faults its result is made of and those lost.
 
+    The killed run's faults count up to the checkpoint the resumed run started
+    from; those of its later rounds were lost with the kill.
+    """
     chaos = run_outcome(resumed_folder)
     checkpoint_round = chaos["resumed_after_round"]
     before_kill = read_fault_log(fault_logs["killed"])
@@ -437,7 +459,7 @@ def run_chaos(
         faults_injected=count_faults(kept + read_fault_log(fault_logs["resumed"])),
         faults_lost=count_faults(lost),
     )
-    return {"clean": run_outcome(clean_folder), "chaos": chaos, "seconds": seconds}
+    return chaos
 
 
 def main(argv: Sequence[str]) -> int:

@@ -14,82 +14,65 @@ the node that now answers the handshake with the same stable key
 (:meth:`~fl_clusters.handshake.NodeRegistry.moved_ids`). The round loop that
 writes checkpoints and resumes from one is :mod:`fl_clusters.rounds`.
 
-The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code:
+The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code
+(:mod:`fl_clusters.checkpoint_archive` writes and checks it):
 
 - ``manifest.json``: the format's name, its version and the SHA-256 of each other part;
-- ``state.json``: everything but arrays, as a typed JSON tree (tuples, sets,
-  dicts with int keys, non-finite floats, Flower's records, numpy and Python
-  random generators' states, fl-clusters' own objects by class and attributes);
+- ``state.json``: everything but arrays, as a typed JSON tree
+  (:mod:`fl_clusters.state_tree`: tuples, sets, dicts with int keys, non-finite
+  floats, Flower's records, numpy and Python random generators' states,
+  fl-clusters' own objects by class and attributes);
 - ``arrays.npz``: every numpy array the tree refers to, written and read
   without pickles.
 
 Reading it rebuilds the strategy from the checkpoint's run config, as the run
-built it, and sets back the attributes it kept; nested objects are created only
-for classes of fl-clusters' own modules, found among the modules already imported
-(reading imports nothing), without calling their constructors. A
-file that fails any check (zip structure, part checksums, format version, tree)
-is refused whole with one line naming the file and the damage.
+built it, and sets back the attributes it kept; which values the tree rebuilds,
+and why reading it imports nothing, is :mod:`fl_clusters.state_tree`'s. A file
+that fails any check (zip structure, part checksums, format version, tree) is
+refused whole with one line naming the file and the damage.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import hashlib
 import io
 import json
-import math
-import random
-import struct
-import sys
-import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from fl_clusters.files import atomic_output
+from fl_clusters.checkpoint_archive import (
+    ARRAYS,
+    CHECKPOINT_FILE,
+    STATE,
+    ZIP_ERRORS,
+    one_line,
+    read_parts,
+    write_parts,
+)
 from fl_clusters.grid import MeteredGrid
+from fl_clusters.state_tree import (
+    TREE_ERRORS,
+    DamagedCheckpoint,
+    StateReader,
+    StateWriter,
+    qualified_name,
+)
 from fl_clusters.strategies.interface import ServerStrategy
 from fl_clusters.strategies.registry import build_strategy
 
-CHECKPOINT_FILE = "checkpoint.zip"
 # What the earlier versions wrote; refused without being opened.
 PICKLED_CHECKPOINT_FILE = "checkpoint.pkl"
-FORMAT_NAME = "fl-clusters checkpoint"
-# Changes whenever what a checkpoint holds changes: another version is refused.
-CHECKPOINT_VERSION = 3
-MANIFEST, STATE, ARRAYS = "manifest.json", "state.json", "arrays.npz"
 # Settings a resumed run may change: where results go, how long the run lasts and
 # how patient it is; none changes what a round computes from the state.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "checkpoint-every", "resume-from", "results-dir", "round-timeout",
     "plots", "min-nodes", "target-accuracy", "device", "torch-threads",
 })
-# Kinds of numpy scalars the tree keeps (bool, int, uint, float). Arrays of any
-# dtype but object go to arrays.npz; object arrays go to the tree item by item.
-SCALAR_KINDS = "biuf"
-# Numpy's bit generators, by the name their state records.
-BIT_GENERATORS: dict[str, Callable[[], np.random.BitGenerator]] = {
-    "PCG64": np.random.PCG64, "PCG64DXSM": np.random.PCG64DXSM,
-    "MT19937": np.random.MT19937, "Philox": np.random.Philox, "SFC64": np.random.SFC64,
-}
-# The first bytes of the files a checkpoint path may hold instead of a checkpoint.
-ZIP_MAGIC = b"PK\x03\x04"
-PICKLE_PROTOCOLS = range(2, 6)
-# What a damaged zip raises while it is read (a flipped byte in a header can make
-# zipfile ask for a password or a compression method it lacks, or read past the end).
-ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError,
-              ValueError, NotImplementedError, RuntimeError, struct.error, OverflowError)
-# What a malformed tree raises while it is rebuilt.
-TREE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError)
-
-
-class DamagedCheckpoint(Exception):
-    """What is wrong with a checkpoint file, without the file's name."""
 
 
 def remap_node_ids(value: Any, mapping: Mapping[int, int]) -> Any:
@@ -134,257 +117,6 @@ def remap_node_ids(value: Any, mapping: Mapping[int, int]) -> Any:
     return value
 
 
-def qualified_name(cls: type) -> str:
-    """``module:qualname`` of ``cls``, as the state tree names a class."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-def own_class(name: str) -> type:
-    """The fl-clusters class ``name`` (``module:qualname``) names.
-
-    Only modules of the ``fl_clusters`` package already imported are searched, by
-    their namespace: reading a file imports nothing and runs no module code.
-
-    Raises
-    ------
-    DamagedCheckpoint
-        If ``name`` is not a class of an imported fl-clusters module.
-    """
-    module_name, _, qualname = name.partition(":")
-    found: Any = sys.modules.get(module_name) if module_name.startswith("fl_clusters.") else None
-    for part in qualname.split("."):
-        found = vars(found).get(part) if hasattr(found, "__dict__") else None
-    if not isinstance(found, type) or found.__module__ != module_name:
-        raise DamagedCheckpoint(f"its state names class {name!r}, not one of fl-clusters'")
-    return found
-
-
-def is_own_object(value: Any) -> bool:
-    """Whether ``value`` is an instance of an fl-clusters class with attributes."""
-    return (type(value).__module__.startswith("fl_clusters.") and hasattr(value, "__dict__")
-            and not isinstance(value, type))
-
-
-class StateWriter:
-    """Turns a Python value into a JSON tree, collecting its numpy arrays apart.
-
-    Every JSON object in the tree has one key naming the type it stands for
-    (``$dict``, ``$tuple``, ``$array``...); JSON lists, strings, numbers, booleans
-    and null stand for themselves.
-    """
-
-    def __init__(self) -> None:
-        self.arrays: dict[str, np.ndarray] = {}
-
-    def array(self, value: np.ndarray) -> str:
-        """Keep ``value`` for ``arrays.npz``; its key there."""
-        key = f"a{len(self.arrays)}"
-        self.arrays[key] = value
-        return key
-
-    def tree(self, value: Any, where: str) -> Any:
-        """The JSON tree of ``value``; ``where`` names it in errors.
-
-        Raises
-        ------
-        TypeError
-            If ``value`` holds something a checkpoint cannot keep (a function, an
-            object of another library).
-        """
-        kind = type(value)
-        if value is None or kind in (bool, str, int):
-            return value
-        if kind is float:
-            return value if math.isfinite(value) else {"$float": repr(value)}
-        if kind is list:
-            return [self.tree(item, f"{where}[{i}]") for i, item in enumerate(value)]
-        if kind in (tuple, set, frozenset):
-            items = sorted(value, key=repr) if kind is not tuple else value
-            return {f"${kind.__name__}": [self.tree(item, f"{where}[]") for item in items]}
-        if kind is dict:
-            return {"$dict": [[self.tree(k, f"{where} key"), self.tree(v, f"{where}[{k!r}]")]
-                              for k, v in value.items()]}
-        if kind is bytes:
-            return {"$bytes": base64.b64encode(value).decode("ascii")}
-        if isinstance(value, np.generic) and value.dtype.kind in SCALAR_KINDS:
-            return {"$scalar": [value.dtype.str, self.tree(value.item(), where)]}
-        if kind is np.ndarray:
-            if value.dtype.kind == "O":
-                return {"$objects": [list(value.shape),
-                                     self.tree(value.ravel().tolist(), f"{where} items")]}
-            return {"$array": self.array(value)}
-        if kind is ArrayRecord:
-            return {"$ArrayRecord": [[name, self.array(array.numpy())]
-                                     for name, array in value.items()]}
-        if kind in (MetricRecord, ConfigRecord):
-            return {f"${kind.__name__}": self.tree(dict(value), where)}
-        if kind is RecordDict:
-            return {"$RecordDict": [[name, self.tree(record, f"{where}[{name!r}]")]
-                                    for name, record in value.items()]}
-        if kind is np.random.Generator:
-            return {"$Generator": self.tree(value.bit_generator.state, f"{where} state")}
-        if kind is random.Random:
-            return {"$Random": self.tree(value.getstate(), f"{where} state")}
-        if is_own_object(value):
-            return {"$object": [qualified_name(kind), self.tree(dict(vars(value)), where)]}
-        raise TypeError(
-            f"checkpoint: {where} is a {kind.__module__}.{kind.__qualname__}, which a "
-            "checkpoint cannot keep (it keeps numbers, strings, bytes, containers of them, "
-            "numpy arrays and generators, Flower's records and fl-clusters' own objects)"
-        )
-
-
-class StateReader:
-    """Rebuilds the values a :class:`StateWriter` turned into a JSON tree.
-
-    Parameters
-    ----------
-    arrays : Mapping[str, np.ndarray]
-        The arrays of ``arrays.npz``, by key.
-    """
-
-    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self.arrays = arrays
-
-    def value(self, tree: Any) -> Any:
-        """The value ``tree`` stands for.
-
-        Raises
-        ------
-        DamagedCheckpoint
-            If ``tree`` is not a tree :class:`StateWriter` writes.
-        """
-        if tree is None or type(tree) in (bool, str, int, float):
-            return tree
-        if type(tree) is list:
-            return [self.value(item) for item in tree]
-        if type(tree) is not dict or len(tree) != 1:
-            raise DamagedCheckpoint(f"its state holds an unknown node {str(tree)[:60]!r}")
-        (tag, body), = tree.items()
-        if tag == "$float":
-            if body not in ("nan", "inf", "-inf"):
-                raise DamagedCheckpoint(f"its state holds a float {body!r}")
-            return float(body)
-        if tag in ("$tuple", "$set", "$frozenset"):
-            items = [self.value(item) for item in body]
-            return {"$tuple": tuple, "$set": set, "$frozenset": frozenset}[tag](items)
-        if tag == "$dict":
-            return {self.value(k): self.value(v) for k, v in body}
-        if tag == "$bytes":
-            return base64.b64decode(body, validate=True)
-        if tag == "$scalar":
-            dtype = np.dtype(body[0])
-            if dtype.kind not in SCALAR_KINDS:
-                raise DamagedCheckpoint(f"its state holds a numpy scalar of dtype {body[0]!r}")
-            return dtype.type(self.value(body[1]))
-        if tag == "$array":
-            return self.arrays[body]
-        if tag == "$objects":
-            values = self.value(body[1])
-            items = np.empty(len(values), dtype=object)
-            # One by one: numpy would make an item that is a list into a new axis.
-            for i, item in enumerate(values):
-                items[i] = item
-            return items.reshape(body[0])
-        if tag == "$ArrayRecord":
-            return ArrayRecord({name: Array(self.arrays[key]) for name, key in body})
-        if tag == "$MetricRecord":
-            return MetricRecord(self.value(body))
-        if tag == "$ConfigRecord":
-            return ConfigRecord(self.value(body))
-        if tag == "$RecordDict":
-            return RecordDict({name: self.value(record) for name, record in body})
-        if tag == "$Generator":
-            state = self.value(body)
-            if state.get("bit_generator") not in BIT_GENERATORS:
-                raise DamagedCheckpoint(f"its state names bit generator "
-                                        f"{state.get('bit_generator')!r}")
-            bit_generator = BIT_GENERATORS[state["bit_generator"]]()
-            bit_generator.state = state
-            return np.random.Generator(bit_generator)
-        if tag == "$Random":
-            generator = random.Random()
-            generator.setstate(self.value(body))
-            return generator
-        if tag == "$object":
-            name, attributes = body
-            # No constructor runs: the object gets back the attributes it had.
-            found = object.__new__(own_class(name))
-            vars(found).update(self.value(attributes))
-            return found
-        raise DamagedCheckpoint(f"its state holds an unknown node type {tag!r}")
-
-
-def one_line(error: BaseException) -> str:
-    """``error``'s message on one line."""
-    return " ".join(str(error).split())
-
-
-def read_parts(path: Path) -> dict[str, bytes]:
-    """The parts of the checkpoint file at ``path``, each checked against the manifest.
-
-    Raises
-    ------
-    DamagedCheckpoint
-        If the file is a pickle, not a zip archive, truncated, without a manifest
-        of this format and version, or a part does not match its SHA-256.
-    """
-    with path.open("rb") as source:
-        head = source.read(len(ZIP_MAGIC))
-    if not head:
-        raise DamagedCheckpoint("is empty")
-    if head[0] == 0x80 and len(head) > 1 and head[1] in PICKLE_PROTOCOLS:
-        raise DamagedCheckpoint(
-            "is a pickle file, which fl-clusters does not load (loading a pickle can run "
-            f"any code); resume only from a {CHECKPOINT_FILE} written by fl-clusters"
-        )
-    if head != ZIP_MAGIC:
-        raise DamagedCheckpoint("is not an fl-clusters checkpoint (not a zip archive)")
-    parts: dict[str, bytes] = {}
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-            if MANIFEST not in names:
-                raise DamagedCheckpoint(f"is not an fl-clusters checkpoint (no {MANIFEST})")
-            for name in (MANIFEST, STATE, ARRAYS):
-                if name not in names:
-                    raise DamagedCheckpoint(f"is damaged: it lacks its part {name}")
-                try:
-                    parts[name] = archive.read(name)
-                except ZIP_ERRORS as error:
-                    raise DamagedCheckpoint(
-                        f"is damaged: its part {name} cannot be read ({one_line(error)})"
-                    ) from None
-    except ZIP_ERRORS as error:
-        raise DamagedCheckpoint(
-            f"is truncated or damaged: its zip directory cannot be read ({one_line(error)})"
-        ) from None
-    try:
-        manifest = json.loads(parts[MANIFEST])
-        found_format, version = manifest["format"], manifest["version"]
-        sha256 = {name: str(manifest["sha256"][name]) for name in (STATE, ARRAYS)}
-    except (ValueError, KeyError, TypeError) as error:
-        raise DamagedCheckpoint(
-            f"is not an fl-clusters checkpoint (its {MANIFEST} is unreadable: {one_line(error)})"
-        ) from None
-    if found_format != FORMAT_NAME:
-        raise DamagedCheckpoint(f"is not an fl-clusters checkpoint (its format is "
-                                f"{found_format!r})")
-    if version != CHECKPOINT_VERSION:
-        raise DamagedCheckpoint(
-            f"is a version-{version} fl-clusters checkpoint, and this fl-clusters reads "
-            f"version {CHECKPOINT_VERSION} only; finish that run with the fl-clusters that "
-            "wrote it"
-        )
-    for name, expected in sha256.items():
-        if hashlib.sha256(parts[name]).hexdigest() != expected:
-            raise DamagedCheckpoint(
-                f"is damaged: checksum mismatch of its part {name} (its SHA-256 is not the "
-                f"one {MANIFEST} records)"
-            )
-    return parts
-
-
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """The fields of the :class:`Checkpoint` in the file at ``path``, the strategy's as
     ``{"class": ..., "state": ...}``.
@@ -419,6 +151,82 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             f"{one_line(error)})"
         ) from None
     return fields
+
+
+def _checkpoint_path(location: str | Path) -> Path:
+    """The checkpoint file ``location`` (a results folder or the file) names.
+
+    A folder with only a pickled checkpoint of the earlier versions names that
+    file, so that it is refused as a pickle rather than reported missing.
+
+    Raises
+    ------
+    ValueError
+        If there is no checkpoint file there.
+    """
+    path = Path(location)
+    if path.is_dir():
+        if not (path / CHECKPOINT_FILE).exists() and (path / PICKLED_CHECKPOINT_FILE).exists():
+            path = path / PICKLED_CHECKPOINT_FILE
+        else:
+            path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"resume-from: no checkpoint at {path}; pass the results folder of a run "
+            f"started with checkpoint-every > 0 (it holds {CHECKPOINT_FILE})"
+        )
+    return path
+
+
+def _check_resumable(fields: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+    """Check a checkpoint's ``fields`` fit the resumed run's ``settings``.
+
+    Raises
+    ------
+    ValueError
+        If its run config differs in a key that changes what a round computes, or
+        it is past the run's ``num-rounds``.
+    """
+    found_settings = fields["settings"]
+    changed = sorted(
+        key for key in set(found_settings) | set(settings)
+        if key not in RESUMABLE_CHANGES and found_settings.get(key) != settings.get(key)
+    )
+    if changed:
+        detail = ", ".join(
+            f"{key}={found_settings.get(key)!r} (now {settings.get(key)!r})" for key in changed
+        )
+        raise ValueError(
+            f"resume-from: the checkpoint's run config differs in {detail}; resume with "
+            f"the same settings (only {sorted(RESUMABLE_CHANGES)} may change)"
+        )
+    if fields["server_round"] > settings["num-rounds"]:
+        raise ValueError(
+            f"resume-from: the checkpoint is at round {fields['server_round']}, past "
+            f"num-rounds = {settings['num-rounds']}; set num-rounds >= "
+            f"{fields['server_round']}"
+        )
+
+
+def _rebuilt_strategy(path: Path, fields: Mapping[str, Any]) -> ServerStrategy:
+    """The strategy of the checkpoint at ``path``, with the state its ``fields`` hold.
+
+    The run config builds the strategy as the run did; then it gets back what it
+    had decided by the checkpoint's round.
+
+    Raises
+    ------
+    ValueError
+        If the run config builds a strategy of another class than the one kept.
+    """
+    strategy = build_strategy(fields["settings"])
+    if qualified_name(type(strategy)) != fields["strategy"]["class"]:
+        raise ValueError(
+            f"resume-from: {path} holds a {fields['strategy']['class']} strategy, but its "
+            f"run config builds a {qualified_name(type(strategy))}; it is not loaded"
+        )
+    vars(strategy).update(fields["strategy"]["state"])
+    return strategy
 
 
 @dataclass
@@ -482,17 +290,8 @@ class Checkpoint:
         state = json.dumps(writer.tree(fields, "checkpoint"), allow_nan=False).encode()
         arrays = io.BytesIO()
         np.savez(arrays, allow_pickle=False, **writer.arrays)
-        parts = {STATE: state, ARRAYS: arrays.getvalue()}
-        manifest = {
-            "format": FORMAT_NAME,
-            "version": CHECKPOINT_VERSION,
-            "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in parts.items()},
-        }
         path = folder / CHECKPOINT_FILE
-        with atomic_output(path) as out, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-            archive.writestr(MANIFEST, json.dumps(manifest, indent=2))
-            for name, data in parts.items():
-                archive.writestr(name, data)
+        write_parts(path, {STATE: state, ARRAYS: arrays.getvalue()})
         return path
 
     @classmethod
@@ -514,49 +313,13 @@ class Checkpoint:
             format version, its run config differs in a key that changes what a
             round computes, or it is past the run's ``num-rounds``.
         """
-        path = Path(location)
-        if path.is_dir():
-            if not (path / CHECKPOINT_FILE).exists() and (path / PICKLED_CHECKPOINT_FILE).exists():
-                path = path / PICKLED_CHECKPOINT_FILE
-            else:
-                path = path / CHECKPOINT_FILE
-        if not path.is_file():
-            raise ValueError(
-                f"resume-from: no checkpoint at {path}; pass the results folder of a run "
-                f"started with checkpoint-every > 0 (it holds {CHECKPOINT_FILE})"
-            )
+        path = _checkpoint_path(location)
         try:
             fields = read_checkpoint(path)
         except DamagedCheckpoint as error:
             raise ValueError(f"resume-from: {path} {error}; it is not loaded") from None
-        found_settings = fields["settings"]
-        changed = sorted(
-            key for key in set(found_settings) | set(settings)
-            if key not in RESUMABLE_CHANGES and found_settings.get(key) != settings.get(key)
-        )
-        if changed:
-            detail = ", ".join(
-                f"{key}={found_settings.get(key)!r} (now {settings.get(key)!r})" for key in changed
-            )
-            raise ValueError(
-                f"resume-from: the checkpoint's run config differs in {detail}; resume with "
-                f"the same settings (only {sorted(RESUMABLE_CHANGES)} may change)"
-            )
-        if fields["server_round"] > settings["num-rounds"]:
-            raise ValueError(
-                f"resume-from: the checkpoint is at round {fields['server_round']}, past "
-                f"num-rounds = {settings['num-rounds']}; set num-rounds >= "
-                f"{fields['server_round']}"
-            )
-        # The run config builds the strategy as the run did; then it gets back what
-        # it had decided by the checkpoint's round.
-        strategy = build_strategy(found_settings)
-        if qualified_name(type(strategy)) != fields["strategy"]["class"]:
-            raise ValueError(
-                f"resume-from: {path} holds a {fields['strategy']['class']} strategy, but its "
-                f"run config builds a {qualified_name(type(strategy))}; it is not loaded"
-            )
-        vars(strategy).update(fields["strategy"]["state"])
+        _check_resumable(fields, settings)
+        strategy = _rebuilt_strategy(path, fields)
         return cls(**{**fields, "strategy": strategy})
 
     def move_to(self, keys_now: Mapping[int, int | None], grid: MeteredGrid) -> dict[int, int]:

@@ -22,15 +22,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_clusters.checkpoint import (
-    ARRAYS,
-    CHECKPOINT_FILE,
-    CHECKPOINT_VERSION,
-    MANIFEST,
-    STATE,
-    Checkpoint,
-    remap_node_ids,
-)
+from fl_clusters.checkpoint import CHECKPOINT_FILE, Checkpoint, remap_node_ids
+from fl_clusters.checkpoint_archive import ARRAYS, CHECKPOINT_VERSION, MANIFEST, STATE
 from fl_clusters.client_app import build_client_app
 from fl_clusters.config import parse_run_config
 from fl_clusters.loopback import LoopbackGrid
