@@ -276,9 +276,14 @@ FIDELITY_HEAD = """# The paper's algorithm, and where the defaults depart from i
 
 Every strategy takes `preset` (constructor argument and run-config key):
 `robust`, the default, is the library's defaults; `paper` runs the algorithm as
-published: every argument below that is left at its default takes the paper's
-value, and an argument set to anything else is kept. The run's `summary.json`
-records the preset and what it changed (`preset`, `preset_changes`).
+published: every argument below takes the paper's value unless the user gave it.
+A constructor argument is the user's when the call names it
+(`IFCA(preset='paper', init='local-kmeans')` keeps `local-kmeans`); a run-config
+key is the user's when its value differs from the key's default (docs/config.md),
+since under `flwr run` pyproject.toml gives every key its default and a value
+equal to it cannot be told from one nobody set. The run's `summary.json` records
+the preset, what it changed and what the user kept against it, with the paper's
+value (`preset`, `preset_changes`, `preset_kept`), and the log says what it kept.
 
     flwr run . --run-config "strategy='flhc' preset='paper'"
 
@@ -296,14 +301,30 @@ def fidelity() -> str:
     for cls in strategies():
         departs = [param for param in cls.declared_params() if param.paper is not SAME]
         out += [f"## {cls.__name__} (`{cls.name}`, {cls.paper})", ""]
-        if not departs:
-            out += ["Every default is the paper's.", ""]
-            continue
-        out += ["| argument (run-config key) | robust default | paper | why |", "|---|---|---|---|"]
-        out += [f"| `{param.name}` (`{param.key}`) | `{param.default!r}` | `{param.paper!r}` "
-                f"| {param.why} |" for param in departs]
-        out.append("")
+        if departs:
+            out += ["| argument (run-config key) | robust default | paper | why |",
+                    "|---|---|---|---|"]
+            out += [f"| `{param.name}` (`{param.key}`) | `{param.default!r}` "
+                    f"| `{param.paper!r}` | {param.why} |" for param in departs]
+            out.append("")
+        out += [defaults_claim(cls, bool(departs)), ""]
     return "\n".join(out)
+
+
+def defaults_claim(cls: type, departs: bool) -> str:
+    """What the page may say of the defaults no declaration marks as departing.
+
+    Only a class that names what its defaults were checked against
+    (``defaults_checked_against``) is said to have the paper's.
+    """
+    checked = cls.defaults_checked_against
+    if checked:
+        others = "Every other default" if departs else "Every default"
+        return f"{others} is the paper's (checked against {checked})."
+    if departs:
+        return "The other defaults are not checked against the paper's text here."
+    return ("No parameter declares a departure from the paper; its defaults are not checked "
+            "against the paper's text here.")
 
 
 def _toml(value: bool | int | float | str) -> str:

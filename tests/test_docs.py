@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_clusters.strategies import IFCA
+from fl_clusters.strategies import IFCA, ClusteredStrategy
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -35,6 +35,23 @@ def test_the_paper_fidelity_page_lists_every_declared_departure() -> None:
         "docs/paper-fidelity.md is out of date; run: python docs/generate_strategies.py"
     )
     assert "`threshold` (`flhc-threshold`) | `'gap'` | `'absolute'`" in current
+
+
+def test_a_strategy_without_paper_declarations_is_not_called_faithful(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Undeclared(ClusteredStrategy):
+        paper = "a paper nobody checked"
+
+    generator = _generator()
+    monkeypatch.setattr(generator, "strategies", lambda: [Undeclared])
+    section = generator.fidelity().partition("## ")[2]
+    assert "a paper nobody checked" in section
+    assert "Every default is the paper's" not in section
+    assert "No parameter declares a departure from the paper" in section
+    # A class that names what its defaults were checked against says so, with the source.
+    monkeypatch.setattr(Undeclared, "defaults_checked_against", "section 3", raising=False)
+    assert "Every default is the paper's (checked against section 3)." in generator.fidelity()
 
 
 def test_pyproject_lists_the_declared_run_config_keys() -> None:

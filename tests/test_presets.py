@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM
@@ -56,6 +58,37 @@ def test_an_argument_set_apart_from_its_default_wins_over_the_preset() -> None:
     assert "reseed_after" not in strategy.preset_changes
 
 
+def test_an_argument_the_caller_names_is_kept_even_at_its_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy = IFCA(preset="paper", init="local-kmeans")
+    assert strategy.init == "local-kmeans"
+    assert strategy.preset_changes == {"aggregation": "paper", "reseed_after": 0}
+    assert strategy.preset_fields()["preset_kept"] == {
+        "init": {"value": "local-kmeans", "paper": "random"}}
+    assert "init='local-kmeans', the paper's 'random'" in caplog.text
+    # A value the caller gives that is the paper's own is no departure to record.
+    assert IFCA(preset="paper", init="random").preset_kept == {}
+    # Positional arguments are named too; under the robust preset nothing is kept.
+    assert IFCA(2, preset="paper").user_arguments == {"num_clusters", "preset"}
+    assert IFCA(init="local-kmeans").preset_kept == {}
+
+
+def test_a_run_config_value_apart_from_the_keys_default_is_the_users() -> None:
+    from fl_clusters.config import parse_run_config
+
+    # pyproject.toml gives every key its default, so a key at its default is not
+    # the user's: the preset sets it; a value that differs is kept.
+    strategy = build_strategy(parse_run_config(
+        {"strategy": "ifca", "preset": "paper", "ifca-init": "local-kmeans",
+         "ifca-reseed-after": 5, "num-clusters": 2}))
+    assert (strategy.init, strategy.reseed_after, strategy.num_clusters) == ("random", 5, 2)
+    assert strategy.preset_changes == {"aggregation": "paper", "init": "random"}
+    assert strategy.preset_kept == {"reseed_after": {"value": 5, "paper": 0}}
+    assert strategy.user_arguments == {"preset", "reseed_after", "num_clusters"}
+
+
 def test_the_run_config_builds_the_paper_preset_and_refuses_an_unknown_one() -> None:
     from fl_clusters.config import parse_run_config
 
@@ -70,3 +103,4 @@ def test_a_paper_run_records_its_preset_in_the_summary(federation: Federation) -
                           "flhc-warmup-rounds": 1, "local-steps": 5}, num_clients=8)
     assert summary["preset"] == "paper"
     assert summary["preset_changes"] == {"threshold": "absolute"}
+    assert summary["preset_kept"] == {}

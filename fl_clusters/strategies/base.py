@@ -54,10 +54,10 @@ class ClusteredStrategy(ServerStrategy, Declared):
     Parameters
     ----------
     preset : str (default: "robust")
-        ``"robust"``: the library's defaults. ``"paper"``: every argument left at a
-        default that departs from the published algorithm takes the paper's value
-        (each declared with its reason, docs/paper-fidelity.md); an argument set to
-        anything else is kept.
+        ``"robust"``: the library's defaults. ``"paper"``: every argument whose
+        default departs from the published algorithm takes the paper's value
+        (each declared with its reason, docs/paper-fidelity.md), except an
+        argument the caller passes, which is kept (``preset_kept`` in the summary).
     fraction_train : float (default: 1.0)
         Fraction of connected nodes sampled for training each round.
     fraction_evaluate : float (default: 1.0)
@@ -334,8 +334,13 @@ class ClusteredStrategy(ServerStrategy, Declared):
         return None
 
     def preset_fields(self) -> dict[str, Any]:
-        """``preset`` and the arguments it set to the paper's values (docs/paper-fidelity.md)."""
-        return {"preset": self.preset, "preset_changes": dict(self.preset_changes)}
+        """``preset``, the arguments it set to the paper's values and those the caller kept.
+
+        ``preset_kept``: each argument given against the paper preset, with the
+        value given and the paper's (docs/paper-fidelity.md).
+        """
+        return {"preset": self.preset, "preset_changes": dict(self.preset_changes),
+                "preset_kept": {name: dict(kept) for name, kept in self.preset_kept.items()}}
 
     def summary_fields(self) -> dict[str, Any]:
         """No entries: subclasses add what their algorithm decided (split rounds, trials...)."""

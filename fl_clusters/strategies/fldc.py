@@ -90,6 +90,8 @@ class FLDC(ClusteredStrategy):
 
     name = "fldc"
     paper = "Wang and Li, 2025"
+    defaults_checked_against = ("the paper's settings: MinPts = 4, eps at the knee of the "
+                                "sorted k-distance curve, r = 0.2")
     # No fraction_train: round 1 trains every node, later rounds r of every cluster.
     params = (
         Param("min_pts", 4, "int", "FLDC DBSCAN MinPts (the point itself counts)", low=2),

@@ -126,7 +126,8 @@ class ServerStrategy(Strategy):
         """
 
     def preset_fields(self) -> dict[str, Any]:
-        """The preset the strategy ran (``preset``) and what it set (``preset_changes``).
+        """The preset the strategy ran (``preset``), what it set (``preset_changes``) and
+        the arguments given against it (``preset_kept``).
 
         Empty for a strategy without presets (Flower's own).
         """

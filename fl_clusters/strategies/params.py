@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from logging import INFO
 from numbers import Integral, Real
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
+
+from flwr.common.logger import log
 
 Kind = Literal["int", "float", "bool", "str"]
 # The default of an argument the caller must give (as in inspect.signature).
@@ -393,10 +396,16 @@ class Declared:
     name: ClassVar[str | None] = None
     # Where the algorithm comes from, for docs/strategies.md.
     paper: ClassVar[str] = ""
+    # The source every default not declared as departing was checked against (the
+    # paper's section, or its settings as cited); "": not checked, and
+    # docs/paper-fidelity.md claims no fidelity for them.
+    defaults_checked_against: ClassVar[str] = ""
     # Its own arguments; a subclass takes its bases' too (declared_params).
     params: ClassVar[tuple[Param, ...]] = ()
     # Every class with a name, by name (a subclass hierarchy may keep its own).
     registry: ClassVar[dict[str, type]] = {}
+    # The arguments the caller named, set before ``__init__`` runs (see ``__new__``).
+    user_arguments: frozenset[str]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -419,31 +428,58 @@ class Declared:
                 found.setdefault(param.name, param)
         return tuple(found.values())
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        """Record the arguments the caller named (``user_arguments``): a preset keeps them.
+
+        Only here are they known: each ``__init__`` passes every argument on to
+        its base's, defaults included.
+        """
+        instance = super().__new__(cls)
+        positional = [arg.name for arg in inspect.signature(cls.__init__).parameters.values()
+                      if arg.kind in (arg.POSITIONAL_ONLY, arg.POSITIONAL_OR_KEYWORD)][1:]
+        instance.user_arguments = frozenset(kwargs) | frozenset(positional[:len(args)])
+        return instance
+
+    @classmethod
+    def built_with(cls, arguments: Mapping[str, Any], user_arguments: Collection[str]) -> Self:
+        """``cls(**arguments)``, of which only ``user_arguments`` count as the caller's.
+
+        For a caller that passes every argument, such as a run config with every
+        key filled in: a preset then keeps only the arguments it names.
+        """
+        instance = cls.__new__(cls, **{name: arguments[name] for name in user_arguments})
+        instance.__init__(**arguments)  # type: ignore[misc]
+        return instance
+
     def init_params(self, given: Mapping[str, Any], defaults: Iterable[Param] = ()) -> None:
         """In ``__init__``: check ``given`` against the declarations, set every declared argument.
 
         ``defaults``: undeclared arguments to set to their default too (attributes
-        the base class's methods read in every subclass).
+        the base class's methods read in every subclass). Under ``preset="paper"``
+        every argument the caller did not name (``user_arguments``) takes the
+        paper's value (``preset_changes``); one the caller named is kept, and
+        recorded with the paper's value where the two differ (``preset_kept``).
         """
         values = {param.name: param.default for param in defaults}
         values |= check_params(type(self).__name__, self.declared_params(), given)
-        self.preset_changes = (
-            paper_values(self.declared_params(), values) if values.get("preset") == "paper"
-            else {}
-        )
+        paper = paper_values(self.declared_params()) if values.get("preset") == "paper" else {}
+        self.preset_changes = {name: value for name, value in paper.items()
+                               if name not in self.user_arguments}
+        self.preset_kept = {name: {"value": values[name], "paper": value}
+                            for name, value in paper.items()
+                            if name in self.user_arguments and values[name] != value}
+        if self.preset_kept:
+            log(INFO, "%s: preset 'paper' keeps the arguments given (%s)", type(self).__name__,
+                ", ".join(f"{name}={kept['value']!r}, the paper's {kept['paper']!r}"
+                          for name, kept in self.preset_kept.items()))
         values |= self.preset_changes
         for argument, value in values.items():
             setattr(self, argument, value)
 
 
-def paper_values(params: Iterable[Param], values: Mapping[str, Any]) -> dict[str, Any]:
-    """The paper's value of every argument in ``values`` still at a default that departs.
-
-    ``preset="paper"`` applies it: an argument set to anything other than its
-    default is the caller's choice and is kept.
-    """
-    return {param.name: param.paper for param in params
-            if param.paper is not SAME and values.get(param.name) == param.default}
+def paper_values(params: Iterable[Param]) -> dict[str, Any]:
+    """The paper's value of every argument whose default departs from it."""
+    return {param.name: param.paper for param in params if param.paper is not SAME}
 
 
 PRESET = Param(

@@ -49,10 +49,27 @@ def run_config_arguments(cls: type[ClusteredStrategy], settings: Settings) -> di
     return arguments
 
 
+def user_arguments(cls: type[ClusteredStrategy], settings: Settings) -> set[str]:
+    """The constructor arguments of ``cls`` whose run-config value is the user's.
+
+    A key counts as the user's when its value differs from the key's default:
+    under ``flwr run`` pyproject.toml gives every key its default, so a value
+    equal to the default cannot be told from one the user did not set. A preset
+    keeps the user's arguments and overrides the others.
+    """
+    # Imported here: fl_clusters.config imports this module for the strategy names.
+    from fl_clusters.config import config_keys
+
+    keys = config_keys()
+    return {param.name for param in cls.declared_params() if param.run_config
+            and settings[param.key] != keys[str(param.key)].config_default}
+
+
 def _clustered(cls: type[ClusteredStrategy], settings: Settings) -> ClusteredStrategy:
     """Build ``cls`` from ``settings``; a refused value names its run-config key."""
     try:
-        strategy = cls(**run_config_arguments(cls, settings))
+        strategy = cls.built_with(run_config_arguments(cls, settings),
+                                  user_arguments(cls, settings))
     except ParamError as error:
         key = {param.name: param.key for param in cls.declared_params()}.get(error.name)
         if key is None:
