@@ -87,7 +87,8 @@ class ACFL(HardClusteredStrategy):
 
     name = "acfl"
     paper = "Zhu et al., J. on Communications 2024"
-    client_needs = "`loaders` returning `(train, validation, test)` (below)"
+    client_needs = ("`loaders` returning `(train, validation, test)`; `phase1_rounds` below "
+                    "the run's rounds (below)")
     params = (
         Param("beta", -0.17, "float",
               "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)"),
@@ -419,7 +420,9 @@ class ACFL(HardClusteredStrategy):
         joins = (f"incentive >= beta={self.beta:.3g}" if self.incentive_threshold == "beta"
                  else f"incentive >= -{self.noise_z:.3g} standard errors")
         log(INFO, "\t├──> ACFL: %s | m=%d | phase 1: %s gate (window %d, tolerance "
-            "%.3g | mean norm < %.4g, max norm > %.4g), at most %d rounds | trial epochs %d",
+            "%.3g | mean norm < %.4g, max norm > %.4g), at most %d rounds | local-only models: "
+            "message config local-epochs=%d (an app's own train handler may train its "
+            "run config's local-epochs instead)",
             joins, self.max_rejections, self.gate, self.converge_window,
             self.converge_tolerance, self.mean_norm_max, self.max_norm_min, self.phase1_rounds,
             self.trial_epochs)
