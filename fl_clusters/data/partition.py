@@ -2,9 +2,9 @@
 
 Two independent choices define a federation:
 
-* how samples go to clients: IID (``dirichlet_alpha == 0``) or label skew drawn from
-  Dirichlet(``dirichlet_alpha``), both with flwr-datasets' partitioners
-  (:mod:`fl_clusters.data.sampling`);
+* how samples go to clients: IID (``dirichlet_alpha == 0``, flwr-datasets' IID
+  shards cut in one call) or label skew drawn from Dirichlet(``dirichlet_alpha``)
+  with flwr-datasets' partitioner (:mod:`fl_clusters.data.sampling`);
 * how groups differ (``structure``): client ``i`` belongs to group
   ``i % num_groups`` and the group decides a transform of its images or labels
   (:mod:`fl_clusters.data.groups`).
