@@ -144,11 +144,18 @@ def held_out_positions(
     if roles is not None:
         by_role = [order[roles[indices[order]] == role] for role in range(3)]
         needed = (True, validation_fraction > 0, True)
+        fixes = (
+            "raise test_fraction (run-config key test-fraction)",
+            "raise validation_fraction (run-config key validation-fraction), or set it to "
+            "0 for no validation split (only ACFL reads one)",
+            "lower test_fraction or validation_fraction (run-config keys test-fraction, "
+            "validation-fraction)",
+        )
         for role, name in enumerate(("test", "validation", "train")):
             if needed[role] and len(by_role[role]) == 0:
                 raise ValueError(
-                    f"client {client} got no {name} sample out of its {len(indices)}; use "
-                    f"fewer clients or a larger test_fraction/validation_fraction"
+                    f"client {client} got no {name} sample out of its {len(indices)}. Fix: "
+                    f"{fixes[role]}, or run fewer clients (simulation: num-supernodes)"
                 )
         return by_role[ROLE_TEST], by_role[ROLE_VALIDATION], by_role[ROLE_TRAIN]
     # At least one test and one train sample, whatever the rounding.
