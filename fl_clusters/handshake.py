@@ -132,12 +132,6 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
     return found
 
 
-# How often a node that does not answer is asked for its key before it is
-# ordered without one.
-IDENTITY_ASKS = 3
-
-
-
 def identify_federation(
     grid: Grid, nodes: Iterable[int], timeout: float | None
 ) -> NodeIdentities:
@@ -152,6 +146,12 @@ def identify_federation(
     if not found.every_node and len(nodes) > 1:
         found.update(identify_nodes(grid, nodes[1:], timeout))
     return found
+
+
+# How often a node that does not answer is asked for its key before it is
+# ordered without one.
+IDENTITY_ASKS = 3
+
 
 class NodeRegistry:
     """The nodes a strategy knows by stable key: their order, sampling, and a resume.
