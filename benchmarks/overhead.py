@@ -417,26 +417,35 @@ def federation_simulation(
     }
 
 
-def build_learners(settings: dict[str, Any], clients: int) -> list[TorchLearner]:
-    """Every client's learner, with the ClientApp's partition and one shared model."""
-    partition = partition_settings(settings)
+def client_learner(
+    settings: dict[str, Any], client: int, clients: int, model: torch.nn.Module | None = None
+) -> TorchLearner:
+    """Client ``client``'s learner (of ``clients``), with the ClientApp's partition.
+
+    ``model``: the network to share with other learners (a new one when ``None``).
+    """
     root = settings["data-root"] or None
-    num_classes = load_dataset(settings["dataset"], root).num_classes
-    device = resolve_device(settings["device"])
-    learners: list[TorchLearner] = []
-    for client in range(clients):
-        data = load_client_data(settings["dataset"], root, client, clients, **partition)
-        model = learners[0].model if learners else build_model(
+    data = load_client_data(settings["dataset"], root, client, clients,
+                            **partition_settings(settings))
+    if model is None:
+        num_classes = load_dataset(settings["dataset"], root).num_classes
+        model = build_model(
             settings["model"], tuple(data.x_train.shape[1:]), num_classes  # type: ignore[arg-type]
         )
-        learners.append(
-            TorchLearner(
-                model,
-                TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
-                TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
-                device=device,
-            )
-        )
+    return TorchLearner(
+        model,
+        TensorDataset(torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)),
+        TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)),
+        device=resolve_device(settings["device"]),
+    )
+
+
+def build_learners(settings: dict[str, Any], clients: int) -> list[TorchLearner]:
+    """Every client's learner, with the ClientApp's partition and one shared model."""
+    learners: list[TorchLearner] = []
+    for client in range(clients):
+        learners.append(client_learner(settings, client, clients,
+                                       learners[0].model if learners else None))
     return learners
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.params import (
+    FRACTION_EVALUATE,
     FRACTION_TRAIN,
     SEED,
     Param,
@@ -85,6 +86,7 @@ COMMON_KEYS: tuple[Param, ...] = (
     Param("lr", 0.1, "float", "client SGD learning rate", low=0.0, key="lr"),
     Param("batch_size", 32, "int", "client mini-batch size", low=1, key="batch-size"),
     FRACTION_TRAIN,
+    FRACTION_EVALUATE,
     SEED,
     Param("device", "auto", "str", "where clients compute", choices=DEVICES, key="device"),
     Param("results_dir", "results", "str", "folder that receives one sub-folder a run",

@@ -23,6 +23,17 @@ class ConfigurationError(ValueError):
     """
 
 
+class FederationProblem(ValueError):
+    """A reason not to take part that every node of the federation shares.
+
+    Its partition plan cannot be made (a client without a validation sample...):
+    the plan is the whole federation's, so every node would say the same. A node
+    reports it at the start-up handshake, and the server, which asks one node
+    first, stops the run before asking the others (:func:`fl_clusters.handshake.
+    identify_federation`).
+    """
+
+
 CLASS_NAME = f"{__name__}.ConfigurationError"
 
 # Configurations Ray itself refuses, in Flower's backend before any app code runs:

@@ -90,8 +90,10 @@ M_TRUE_GROUP = "true-cluster"
 M_PARTITION_ID = "partition-id"
 # identity, optional: a config record whose "message" says why the node cannot take
 # part (its data set is missing...); the node still answers, so the server can tell
-# this from an app that lacks the handler
+# this from an app that lacks the handler. Its "every-node" is true when every node
+# of the federation has the same reason (fl_clusters.errors.FederationProblem).
 STARTUP_PROBLEM = "startup-problem"
+EVERY_NODE = "every-node"
 
 
 @dataclass(frozen=True)

@@ -148,10 +148,12 @@ class CheckpointedRounds(Strategy):
         """Run rounds up to ``num_rounds`` (absolute), continuing a checkpoint if given.
 
         Parameters are those of Flower's ``Strategy.start``; ``num_rounds`` counts
-        the rounds before the checkpoint too. ``evaluate_fn`` gets absolute rounds.
+        the rounds before the checkpoint too, and its last round evaluates every
+        node. ``evaluate_fn`` gets absolute rounds.
         """
         self._grid = grid
         self.timeout = timeout
+        self.strategy.final_round = num_rounds
         self.strategy.prepare(grid, timeout)
         arrays = initial_arrays
         if self.resumed is not None:

@@ -30,7 +30,7 @@ from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.errors import ConfigurationError, report_configuration_errors_in_one_line
 from fl_clusters.flower_log import log_client_errors_in_one_line
 from fl_clusters.grid import MeteredGrid
-from fl_clusters.handshake import NodeIdentities, identify_nodes
+from fl_clusters.handshake import NodeIdentities, identify_federation
 from fl_clusters.models import build_model, model_to_arrays
 from fl_clusters.plots import write_run_plots
 from fl_clusters.progress import RoundProgress
@@ -100,8 +100,9 @@ def check_can_start(
     Raises
     ------
     ConfigurationError
-        If every node says it cannot take part (its data set is missing, its
-        partition is impossible...), or the strategy cannot run on this many nodes.
+        If every node says it cannot take part (its data set is missing...), one
+        node gives a reason every node shares (its partition plan cannot be made),
+        or the strategy cannot run on this many nodes.
     """
     problem = strategy.federation_problem(len(nodes))
     if problem is not None:
@@ -110,8 +111,9 @@ def check_can_start(
         partition = identities.partitions.get(node)
         return f"node {node}" if partition is None else f"partition {partition}"
 
-    if nodes and len(identities.startup_problems) == len(nodes):
-        node, reason = sorted(identities.startup_problems.items())[0]
+    if identities.every_node or (nodes and len(identities.startup_problems) == len(nodes)):
+        node = min(identities.every_node or identities.startup_problems)
+        reason = identities.startup_problems[node]
         raise ConfigurationError(f"no node can take part; {name(node)} said: {reason}")
     for node, reason in sorted(identities.startup_problems.items()):
         log(WARNING, "%s cannot take part: %s", name(node), reason)
@@ -229,7 +231,7 @@ def start_up(
     # min-nodes is also the floor each round needs (the strategies' min_available_nodes):
     # rounds go on with the nodes that are there when one leaves.
     strategy = build_configured_strategy(settings) if resumed is None else resumed.strategy
-    identities = identify_nodes(grid, nodes, settings["round-timeout"])
+    identities = identify_federation(grid, nodes, settings["round-timeout"])
     check_can_start(strategy, nodes, identities)
     if resumed is not None:
         # The checkpoint's node ids become this run's, found by key.

@@ -21,6 +21,7 @@ from fl_clusters.data import (
     partition_dataset,
     read_idx,
 )
+from fl_clusters.data.sampling import STREAM_SHUFFLE, split_samples, stream_rng
 
 
 @pytest.fixture(autouse=True)
@@ -561,3 +562,22 @@ def test_label_permutation_mixture_needs_a_positive_mixture_alpha() -> None:
         partition_dataset(
             indexed_dataset(), 4, structure="label-permutation-mixture", mixture_alpha=0.0
         )
+
+
+@pytest.mark.parametrize(("size", "num_clients"), [(1797, 7), (1797, 179), (100, 3)])
+def test_the_iid_split_is_flwr_datasets_iid_shards(size: int, num_clients: int) -> None:
+    # Cut in one call, the shards are those IidPartitioner gives one client at a time
+    # (the split every existing seed's results were made with).
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import IidPartitioner
+
+    labels = np.random.default_rng(0).integers(10, size=size)
+    order = stream_rng(4, STREAM_SHUFFLE).permutation(size)
+    partitioner = IidPartitioner(num_partitions=num_clients)
+    partitioner.dataset = hf_datasets.Dataset.from_dict({"label": labels[order], "idx": order})
+    shards = split_samples(labels, num_clients, 0.0, seed=4)
+    assert len(shards) == num_clients
+    for client, shard in enumerate(shards):
+        expected = partitioner.load_partition(client).with_format("numpy")["idx"][:]
+        np.testing.assert_array_equal(shard, expected)
+        assert shard.dtype == np.int64

@@ -9,20 +9,26 @@ traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flwr.app import Message
 
+from fl_clusters import protocol as p
 from fl_clusters.checkpoint import CHECKPOINT_FILE
+from fl_clusters.client_app import build_client_app
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import partition
 from fl_clusters.data.partition import load_client_data
 from fl_clusters.errors import ConfigurationError, OneLineConfigurationErrors
 from fl_clusters.handshake import NodeIdentities
+from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.server_app import check_can_start, run_federation
 from fl_clusters.strategies import IFCA
 from tests.conftest import NodesOnly
+from tests.loopback_runs import in_process_server
 from tests.test_checkpoint import _checkpoint
 
 # digits (1,797 images) in 4 rotated copies over 700 clients: about 10 samples a
@@ -137,6 +143,47 @@ def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
     assert _one_line(stop.value).startswith(
         "fl-clusters: no node can take part; partition 0 said: client ")
 
+
+
+def test_a_federation_too_fine_for_its_splits_stops_after_one_node_answered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The same partition as a 700-node run config: the server asks one node,
+    # which computes the plan once and says every node shares the reason.
+    calls = []
+    plan = partition.plan_partition
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(partition, "plan_partition", counted)
+    partition._plan_or_problem.cache_clear()
+
+    class CountingGrid(LoopbackGrid):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.sent: list[str] = []
+
+        def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+            messages = list(messages)
+            self.sent += [m.metadata.message_type for m in messages]
+            return super().push_messages(messages)
+
+    settings = parse_run_config({
+        "dataset": "digits", "copy-per-group": True, "cluster-structure": "rotation",
+        "num-clusters": 4, "validation-fraction": 0.1, "min-nodes": 700,
+        "results-dir": str(tmp_path),
+    })
+    grid = CountingGrid(build_client_app(settings), 700, settings)
+    with in_process_server(), pytest.raises(ConfigurationError) as error:
+        run_federation(grid, settings)
+    assert calls == [700]
+    assert grid.sent == [p.QUERY_IDENTITY]
+    line = _one_line(error.value)
+    assert line.startswith("fl-clusters: no node can take part; partition 0 said: client ")
+    assert "got no validation sample" in line and "validation-fraction" in line
+    assert not list(tmp_path.iterdir())
 
 @pytest.mark.slow
 def test_a_simulation_with_an_unwritable_results_dir_trains_nothing(

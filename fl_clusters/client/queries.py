@@ -24,6 +24,7 @@ from fl_clusters.client.fedem import mixture_scores, mixture_weights_for, stored
 from fl_clusters.client.task import candidate_models, local_model, node_key, reply, task_config
 from fl_clusters.clustering import best_fit_counts
 from fl_clusters.drawing import draw_clusters
+from fl_clusters.errors import FederationProblem
 from fl_clusters.learner import TorchLearner
 from fl_clusters.placement import PLACEMENT, placement_report
 
@@ -228,7 +229,9 @@ def _identity(node: ClientNode, message: Message, context: Context) -> Message:
             node.learner(context)
         except (FileNotFoundError, ValueError) as err:
             answer = identity_reply(message, context)
-            answer.content[p.STARTUP_PROBLEM] = ConfigRecord({"message": str(err)})
+            answer.content[p.STARTUP_PROBLEM] = ConfigRecord(
+                {"message": str(err), p.EVERY_NODE: isinstance(err, FederationProblem)}
+            )
             return answer
     return identity_reply(message, context, node.metadata(context).get("true-cluster"))
 

@@ -2,9 +2,9 @@
 
 Two independent choices define a federation:
 
-* how samples go to clients: IID (``dirichlet_alpha == 0``) or label skew drawn from
-  Dirichlet(``dirichlet_alpha``), both with flwr-datasets' partitioners
-  (:mod:`fl_clusters.data.sampling`);
+* how samples go to clients: IID (``dirichlet_alpha == 0``, flwr-datasets' IID
+  shards cut in one call) or label skew drawn from Dirichlet(``dirichlet_alpha``)
+  with flwr-datasets' partitioner (:mod:`fl_clusters.data.sampling`);
 * how groups differ (``structure``): client ``i`` belongs to group
   ``i % num_groups`` and the group decides a transform of its images or labels
   (:mod:`fl_clusters.data.groups`).
@@ -31,6 +31,7 @@ from fl_clusters.data.client_data import ClientData, materialize
 from fl_clusters.data.loaders import ImageDataset, load_dataset
 from fl_clusters.data.plan import Plan, plan_partition
 from fl_clusters.data.spec import PartitionSpec, check_int
+from fl_clusters.errors import FederationProblem
 
 
 def partition_dataset(
@@ -136,14 +137,15 @@ def cached_plan(
 
     Raises
     ------
-    ValueError
-        If the plan cannot be made (a client without a test sample...): kept too,
-        so that the process's next clients get the error at once instead of
-        computing the whole plan again (at 10,000 clients that takes 20 s each).
+    FederationProblem
+        A ``ValueError``: the plan cannot be made (a client without a test
+        sample...). Kept too, so that the process's next clients get the error at
+        once instead of computing the whole plan again (at 10,000 clients that
+        takes 20 s each); every node of the federation shares it.
     """
     plan = _plan_or_problem(dataset_name, data_root, download, num_clients, partition_kwargs)
     if isinstance(plan, str):
-        raise ValueError(plan)
+        raise FederationProblem(plan)
     return plan
 
 

@@ -34,28 +34,29 @@ def stream_rng(seed: int, *stream: int) -> np.random.Generator:
 def split_samples(
     labels: np.ndarray, num_clients: int, dirichlet_alpha: float, seed: int
 ) -> list[np.ndarray]:
-    """Sample indices of each client, IID or Dirichlet label skew (flwr-datasets)."""
-    import datasets as hf_datasets
-    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, Partitioner
+    """Sample indices of each client, IID or Dirichlet label skew (flwr-datasets).
 
-    partitioner: Partitioner
+    IID: the shuffled rows cut into ``num_clients`` contiguous shards, the first
+    ``len(labels) % num_clients`` one row longer: the shards of flwr-datasets'
+    ``IidPartitioner`` (``Dataset.shard(contiguous=True)``), cut in one call
+    instead of one shard call per client (3 ms each, 30 s at 10,000 clients).
+    """
     if dirichlet_alpha == 0.0:
-        # IidPartitioner cuts contiguous shards, so shuffle the rows first.
         order = stream_rng(seed, STREAM_SHUFFLE).permutation(len(labels))
-        partitioner = IidPartitioner(num_partitions=num_clients)
-    else:
-        order = np.arange(len(labels))
-        partitioner = DirichletPartitioner(
-            num_partitions=num_clients,
-            partition_by="label",
-            alpha=dirichlet_alpha,
-            min_partition_size=MIN_CLIENT_SAMPLES,
-            self_balancing=False,
-            seed=seed,
-        )
-    partitioner.dataset = hf_datasets.Dataset.from_dict(
-        {"label": labels[order], "idx": order}
+        return [shard.astype(np.int64) for shard in np.array_split(order, num_clients)]
+    import datasets as hf_datasets
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    partitioner = DirichletPartitioner(
+        num_partitions=num_clients,
+        partition_by="label",
+        alpha=dirichlet_alpha,
+        min_partition_size=MIN_CLIENT_SAMPLES,
+        self_balancing=False,
+        seed=seed,
     )
+    order = np.arange(len(labels))
+    partitioner.dataset = hf_datasets.Dataset.from_dict({"label": labels, "idx": order})
     try:
         return [
             # Slicing the column reads it in one go; converting the lazy column
@@ -143,11 +144,18 @@ def held_out_positions(
     if roles is not None:
         by_role = [order[roles[indices[order]] == role] for role in range(3)]
         needed = (True, validation_fraction > 0, True)
+        fixes = (
+            "raise test_fraction (run-config key test-fraction)",
+            "raise validation_fraction (run-config key validation-fraction), or set it to "
+            "0 for no validation split (only ACFL reads one)",
+            "lower test_fraction or validation_fraction (run-config keys test-fraction, "
+            "validation-fraction)",
+        )
         for role, name in enumerate(("test", "validation", "train")):
             if needed[role] and len(by_role[role]) == 0:
                 raise ValueError(
-                    f"client {client} got no {name} sample out of its {len(indices)}; use "
-                    f"fewer clients or a larger test_fraction/validation_fraction"
+                    f"client {client} got no {name} sample out of its {len(indices)}. Fix: "
+                    f"{fixes[role]}, or run fewer clients (simulation: num-supernodes)"
                 )
         return by_role[ROLE_TEST], by_role[ROLE_VALIDATION], by_role[ROLE_TRAIN]
     # At least one test and one train sample, whatever the rounding.

@@ -61,7 +61,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
     fraction_train : float (default: 1.0)
         Fraction of connected nodes sampled for training each round.
     fraction_evaluate : float (default: 1.0)
-        Fraction of connected nodes sampled for evaluation each round.
+        Fraction of connected nodes sampled for evaluation each round; the last
+        round of :meth:`start` evaluates every node. 0 evaluates none.
     min_available_nodes : int (default: 2)
         Nodes that must be connected before a round starts.
     max_failed_rounds : int (default: 3)
@@ -224,11 +225,14 @@ class ClusteredStrategy(ServerStrategy, Declared):
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
         *args: Any,
         evaluate_fn: EvaluateFn | None = None,
         **kwargs: Any,
     ) -> Result:
         """Run ``Strategy.start`` after a start-up handshake (:meth:`prepare`).
+
+        Round ``num_rounds`` evaluates every node (:meth:`evaluated_share`).
 
         The handshake learns every node's stable key (:meth:`learn_node_keys`);
         nodes that join later are asked when they are first sampled.
@@ -239,10 +243,12 @@ class ClusteredStrategy(ServerStrategy, Declared):
         strategy-internal send (:meth:`send`), so a node that stalls cannot hold a
         query forever.
         """
+        self.final_round = num_rounds
         self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)))
         if evaluate_fn is not None:
             evaluate_fn = per_cluster_evaluate(evaluate_fn)
-        return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
+        return super().start(grid, initial_arrays, num_rounds, *args, evaluate_fn=evaluate_fn,
+                             **kwargs)
 
     def prepare(self, grid: Grid, timeout: float) -> None:
         """The handshake, then :meth:`meet_nodes`; ``timeout`` bounds every send.
@@ -288,20 +294,22 @@ class ClusteredStrategy(ServerStrategy, Declared):
     ) -> Iterable[Message]:
         """Evaluate each sampled node with the model it would use.
 
-        A node with a server-side assignment receives its cluster's model; any other
-        node receives every cluster model and picks by its training loss. Under MCFL
-        every node receives every cluster model and the clusters' features, and picks
-        the cluster whose feature is nearest to the mean of its test inputs
-        (:func:`~fl_clusters.strategies.evaluation.evaluate_content`).
+        ``fraction_evaluate`` of the nodes, every node in the last round
+        (:meth:`evaluated_share`). A node with a server-side assignment receives its
+        cluster's model; any other node receives every cluster model and picks by its
+        training loss. Under MCFL every node receives every cluster model and the
+        clusters' features, and picks the cluster whose feature is nearest to the
+        mean of its test inputs (:func:`~fl_clusters.strategies.evaluation.evaluate_content`).
         """
-        if self.fraction_evaluate == 0.0:
+        fraction = self.evaluated_share(server_round, self.fraction_evaluate)
+        if fraction == 0.0:
             return []
         models = p.unpack_clusters(arrays)
         features = self.mcfl_cluster_features(len(models)) if len(models) > 1 else None
         contents = {
             node: evaluate_content(arrays, models, self.round_config(config, server_round),
                                    self.assignment_for(node), features)
-            for node in self.sample(grid, self.fraction_evaluate)
+            for node in self.sample(grid, fraction)
         }
         return self.build_messages(contents, MessageType.EVALUATE)
 

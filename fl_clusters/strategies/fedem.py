@@ -204,7 +204,8 @@ class FedEM(CentresFromStart):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Send all M components; each node scores its own mixture on its test split."""
-        return self._messages(server_round, arrays, config, self.fraction_evaluate, grid,
+        return self._messages(server_round, arrays, config,
+                              self.evaluated_share(server_round, self.fraction_evaluate), grid,
                               MessageType.EVALUATE)
 
     def summary_fields(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ stays Flower's own.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -100,10 +101,17 @@ class FlowerBaseline(ServerStrategy):
         else:
             random.setstate(self.python_random.getstate())
 
-    def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:  # type: ignore[override]
-        """Flower's round loop, after :meth:`prepare` (for an app's own ServerApp)."""
+    def start(  # type: ignore[override]
+        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any,
+        **kwargs: Any,
+    ) -> Result:
+        """Flower's round loop, after :meth:`prepare` (for an app's own ServerApp).
+
+        Round ``num_rounds`` evaluates every node (:meth:`evaluated_share`).
+        """
+        self.final_round = num_rounds
         self.prepare(grid, float(kwargs.get("timeout", 3600.0)))
-        return super().start(grid, *args, **kwargs)
+        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:
         """Log the Flower strategy's summary."""
@@ -124,8 +132,13 @@ class FlowerBaseline(ServerStrategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Flower's, sampling among the nodes in key order."""
-        return self.flower.configure_evaluate(server_round, arrays, config, self._ordered(grid))
+        """Flower's, sampling among the nodes in key order; every node in the last round."""
+        flower = self.flower
+        share = self.evaluated_share(server_round, flower.fraction_evaluate)
+        if share != flower.fraction_evaluate:
+            flower = copy.copy(flower)
+            flower.fraction_evaluate = share
+        return flower.configure_evaluate(server_round, arrays, config, self._ordered(grid))
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]

@@ -64,10 +64,24 @@ class ServerStrategy(Strategy):
         The nodes the strategy knows by stable key; it orders and samples them.
     rejected_replies : int
         Replies the strategy could not use (errors, malformed), for the summary.
+    final_round : int | None
+        The run's last round, set when its rounds start (``None``: not known yet):
+        its evaluation reaches every node (:meth:`evaluated_share`).
     """
 
     nodes: NodeRegistry
     rejected_replies: int
+    final_round: int | None = None
+
+    def evaluated_share(self, server_round: int, fraction: float) -> float:
+        """The share of nodes ``server_round`` evaluates: ``fraction``, every node in the last.
+
+        A round's evaluation samples ``fraction`` of the nodes (run-config key
+        ``fraction-evaluate``), so that its cost follows the sample, not the
+        federation; the last round's accuracy is every node's, like the final
+        report. 0 (no evaluation) stays 0.
+        """
+        return 1.0 if fraction > 0.0 and server_round == self.final_round else fraction
 
     @abstractmethod
     def adopt_identities(self, identities: NodeIdentities) -> None:

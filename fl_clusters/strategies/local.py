@@ -55,8 +55,8 @@ class LocalOnly(ClusteredStrategy):
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Evaluate each node's own model on its test split."""
-        nodes = self.sample(grid, self.fraction_evaluate)
+        """Evaluate each sampled node's own model on its test split (all in the last round)."""
+        nodes = self.sampled(grid, self.evaluated_share(server_round, self.fraction_evaluate))
         return self._own_model_messages(server_round, arrays, config, nodes,
                                         MessageType.EVALUATE)
 

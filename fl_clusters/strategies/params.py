@@ -349,12 +349,15 @@ def check_signature(cls: type, params: Iterable[Param]) -> None:
 
 
 # Arguments that several strategies take, declared once. Keys that fl-clusters'
-# run config shares with its data and FedAvg (fraction-train, seed, min-nodes,
-# num-clusters) are named explicitly; the run config defines them.
+# run config shares with its data and FedAvg (fraction-train, fraction-evaluate,
+# seed, min-nodes, num-clusters) are named explicitly; the run config defines them.
 FRACTION_TRAIN = Param("fraction_train", 1.0, "float", "clients sampled a round",
                        low=0.0, high=1.0, key="fraction-train")
-FRACTION_EVALUATE = Param("fraction_evaluate", 1.0, "float",
-                          "clients evaluated a round", low=0.0, high=1.0, run_config=False)
+FRACTION_EVALUATE = Param(
+    "fraction_evaluate", 1.0, "float",
+    "clients evaluated a round (the last round evaluates every client; 0 = none)",
+    low=0.0, high=1.0, key="fraction-evaluate",
+)
 MIN_AVAILABLE_NODES = Param(
     "min_available_nodes", 2, "int", "the fewest connected nodes a round needs", low=1,
     key="min-nodes",

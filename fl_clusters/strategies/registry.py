@@ -89,6 +89,7 @@ def _baseline(flower: type[FedAvg], **own: str) -> Callable[[Settings], ServerSt
     def build(settings: Settings) -> ServerStrategy:
         strategy = flower(
             fraction_train=settings["fraction-train"],
+            fraction_evaluate=settings["fraction-evaluate"],
             min_available_nodes=settings["min-nodes"],
             **{argument: settings[key] for argument, key in own.items()},
         )

@@ -1,0 +1,221 @@
+"""Cross-device scale: N simulated clients of which a fixed number take part in a round.
+
+For every (strategy, N) job, runs the app's own federation with ``fraction-train``
+and ``fraction-evaluate`` both ``--sampled / N`` (the last round evaluates every
+client, the final report asks every client: docs/performance.md, "What a round
+messages") and measures start-up to the end of round 1, seconds a round after it,
+bytes sent and received, and peak memory, with the measurements of
+``benchmarks/overhead.py`` (its ``flwr run`` or ``run_simulation`` runner, round
+marks and process-tree memory). A round's seconds are reported for the rounds
+that message only their samples (2..N-1) and for the last round apart. Then the
+same sampled work in one plain PyTorch loop: each round the same number of
+clients, drawn with the run's seed, train and evaluate one after the other in
+one process, their data loaded only when first drawn (``plain_loop``): what the
+round would cost without Flower. The rows go to ``--out`` after every job (a run
+cut short keeps what it measured), with the run's provenance, and a markdown
+table is printed.
+
+    python benchmarks/scale.py [--clients 1000 3000 10000] [--sampled 100]
+        [--strategies fedavg ifca] [--rounds 10] [--dataset fashion-mnist]
+        [--data-root DIR] [--via flwr-run|simulation] [--out benchmarks/measured/scale.json]
+
+The default job is issue 46's: Fashion-MNIST in four rotation groups with a copy of
+the data set per group (IFCA's rotated set), the MLP, 10 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.overhead import (
+    _maxrss_mb,
+    client_learner,
+    federation_flwr_run,
+    federation_simulation,
+    in_fresh_process,
+    machine_info,
+    plain_evaluate,
+    plain_round,
+    round_stats,
+    run_config,
+    write_results,
+)
+from fl_clusters.config import parse_run_config
+from fl_clusters.learner import TorchLearner
+from fl_clusters.server_app import initial_arrays
+from fl_clusters.sweep.provenance import measurement_provenance
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "measured" / "scale.json"
+# Issue 46's job: rotation groups with a copy of the data set per group.
+JOB = {"cluster-structure": "rotation", "num-clusters": 4, "copy-per-group": True,
+       "model": "mlp"}
+
+
+def sampled_config(
+    dataset: str, strategy: str, clients: int, sampled: int, rounds: int, results_dir: str,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """The job's run config: ``sampled`` of ``clients`` train and evaluate a round."""
+    fraction = sampled / clients
+    return run_config(dataset, strategy, clients, rounds, results_dir, overrides={
+        **JOB, "fraction-train": fraction, "fraction-evaluate": fraction, **overrides,
+    })
+
+
+def _plain_child(config: dict[str, Any], clients: int, sampled: int, t0: float,
+                 conn: Any) -> None:
+    settings = parse_run_config(config)
+    torch.set_num_threads(settings["torch-threads"])
+    num_clusters = settings["num-clusters"] if settings["strategy"] == "ifca" else 1
+    rng = np.random.default_rng(settings["seed"])
+    start = time.monotonic()
+    learners: dict[int, TorchLearner] = {}
+    known: dict[int, dict[bytes, float]] = {}
+
+    def drawn() -> list[int]:
+        """``sampled`` clients, each client's learner built when it is first drawn."""
+        chosen = sorted(int(c) for c in rng.choice(clients, size=sampled, replace=False))
+        shared = next(iter(learners.values())).model if learners else None
+        for client in chosen:
+            if client not in learners:
+                learners[client] = client_learner(settings, client, clients, shared)
+                shared = learners[client].model
+                known[client] = {}
+        return chosen
+
+    models, round_s, accuracy = [initial_arrays(settings)], [], 0.0
+    for server_round in range(1, settings["num-rounds"] + 1):
+        round_start = time.monotonic()
+        train = drawn()
+        models = plain_round([learners[c] for c in train], models, settings, server_round,
+                             num_clusters, [known[c] for c in train])
+        evaluate = drawn()
+        accuracy = plain_evaluate([learners[c] for c in evaluate], models,
+                                  [known[c] for c in evaluate])
+        round_s.append(time.monotonic() - round_start)
+    conn.send({
+        "start": start,
+        "round_s": round_s,
+        "accuracy": accuracy,
+        "clients_loaded": len(learners),
+        "maxrss_mb": _maxrss_mb(resource.getrusage(resource.RUSAGE_SELF)),
+    })
+
+
+def plain_loop(config: dict[str, Any], clients: int, sampled: int) -> dict[str, Any]:
+    """The job's sampled work in one plain PyTorch loop, in a fresh process."""
+    result, t0, tree_mb = in_fresh_process(_plain_child, config, clients, sampled)
+    return {
+        "work": f"each round {sampled} clients drawn (seeded) train, then {sampled} drawn "
+        "evaluate, one after the other; a client's data are loaded when first drawn and "
+        "count in the round that draws it",
+        # Process start and imports, then round 1 (its clients' data loaded in it): the
+        # federation's start-up to the end of its round 1 covers the same.
+        "startup_to_round1_end_s": result["start"] - t0 + result["round_s"][0],
+        **round_stats(result["round_s"]),
+        "accuracy": result["accuracy"],
+        "clients_loaded": result["clients_loaded"],
+        "memory": {
+            "rusage_maxrss_mb": result["maxrss_mb"],
+            "rusage": "maxrss of the plain loop's process (RUSAGE_SELF)",
+            "tree_peak_rss_mb": tree_mb,
+        },
+    }
+
+
+def measure(
+    dataset: str, strategy: str, clients: int, sampled: int, rounds: int, via: str,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
+    """One job: the federation, then the plain loop of the same sampled work."""
+    results_dir = tempfile.mkdtemp(prefix="scale-")
+    config = sampled_config(dataset, strategy, clients, sampled, rounds, results_dir,
+                            overrides)
+    try:
+        federation = (federation_flwr_run(config, clients) if via == "flwr-run"
+                      else federation_simulation(config, clients))
+    finally:
+        shutil.rmtree(results_dir)
+    plain = plain_loop(config, clients, sampled)
+    round_s = federation["round_s"]
+    # Rounds 2..N-1 message their samples only; round N also evaluates every client.
+    sampled_rounds = round_s[1:-1] or round_s
+    return {
+        "dataset": dataset,
+        "strategy": strategy,
+        "clients": clients,
+        "sampled": sampled,
+        "rounds": rounds,
+        "via": via,
+        "run_config": {key: value for key, value in config.items() if key != "results-dir"},
+        "federation": federation,
+        "sampled_round_mean_s": float(np.mean(sampled_rounds)),
+        "sampled_rounds": "rounds 2..N-1" if len(round_s) > 2 else "every round (fewer than 3)",
+        "final_round_s": round_s[-1],
+        "plain_loop": plain,
+        "round_ratio": float(np.mean(sampled_rounds)) / plain["round_mean_s"],
+    }
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """One line per job: start-up, seconds a round against the plain loop, bytes, memory."""
+    lines = [
+        "| strategy | clients | sampled a round | start..R1 end s | s/sampled round | "
+        "last round s (every client evaluated) | plain s/round | MB sent / recv "
+        "| tree peak RSS MB | ARI |",
+        "|" + "---|" * 10,
+    ]
+    for row in rows:
+        fed, summary = row["federation"], row["federation"]["summary"]
+        lines.append(
+            f"| {row['strategy']} | {row['clients']} | {row['sampled']} "
+            f"| {fed['startup_to_round1_end_s']:.1f} | {row['sampled_round_mean_s']:.2f} "
+            f"| {row['final_round_s']:.2f} "
+            f"| {row['plain_loop']['round_mean_s']:.2f} "
+            f"| {summary['bytes_sent'] / 1e6:.0f} / {summary['bytes_received'] / 1e6:.0f} "
+            f"| {fed['memory']['tree_peak_rss_mb']:.0f} | {summary['ari']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1000, 3000, 10000])
+    parser.add_argument("--sampled", type=int, default=100,
+                        help="clients that train (and evaluate) a round, at every N")
+    parser.add_argument("--strategies", nargs="+", choices=("fedavg", "ifca"),
+                        default=["fedavg", "ifca"])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--dataset", default="fashion-mnist")
+    parser.add_argument("--data-root", default="",
+                        help="folder of the data set's files ('' = the loader's default)")
+    parser.add_argument("--via", choices=("flwr-run", "simulation"), default="flwr-run")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    if any(args.sampled > clients for clients in args.clients):
+        parser.error(f"--sampled {args.sampled} exceeds the smallest --clients")
+    source = measurement_provenance()
+    info = {**machine_info(), "load_average_before": os.getloadavg()}
+    rows: list[dict[str, Any]] = []
+    for strategy in args.strategies:
+        for clients in args.clients:
+            rows.append(measure(args.dataset, strategy, clients, args.sampled, args.rounds,
+                                args.via, {"data-root": args.data_root}))
+            info["load_average_after"] = os.getloadavg()
+            write_results(args.out, source, info, rows)
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    main()

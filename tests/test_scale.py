@@ -1,0 +1,103 @@
+"""A round messages the nodes it samples, not the federation (issue 46).
+
+Every message the ServerApp sends is counted per round and node on an
+in-process federation (:class:`~fl_clusters.loopback.LoopbackGrid`): with
+``fraction-train`` and ``fraction-evaluate`` below 1, a round other than the last
+reaches only the nodes drawn to train and those drawn to evaluate; the last
+round evaluates every node, and the handshake and the final report ask every
+node once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import Message, MessageType
+
+from fl_clusters import protocol as p
+from fl_clusters.loopback import LoopbackGrid
+from tests.loopback_runs import in_process_server, loopback_run, message_round
+
+NUM_NODES = 20
+NUM_ROUNDS = 3
+# 4 nodes train and 5 evaluate a round.
+SAMPLED = {"fraction-train": 0.2, "fraction-evaluate": 0.25, "num-rounds": NUM_ROUNDS}
+
+
+class CountingGrid(LoopbackGrid):
+    """A loopback grid that records (message type, round, node) of every message sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[str, int, int]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        self.sent += [(m.metadata.message_type, message_round(m), m.metadata.dst_node_id)
+                      for m in messages]
+        return super().push_messages(messages)
+
+
+def counted_run(strategy: dict[str, Any], tmp_path: Path) -> tuple[CountingGrid, dict[str, Any]]:
+    grids: list[CountingGrid] = []
+
+    def grid(*args: Any) -> CountingGrid:
+        grids.append(CountingGrid(*args))
+        return grids[0]
+
+    with in_process_server():
+        summary = loopback_run({**SAMPLED, **strategy}, tmp_path, grid_class=grid,  # type: ignore[arg-type]
+                               num_clients=NUM_NODES)
+    return grids[0], summary
+
+
+@pytest.mark.parametrize("strategy", [
+    {"strategy": "fedavg"},
+    {"strategy": "ifca", "ifca-init-steps": 5},
+], ids=["fedavg", "ifca"])
+def test_a_round_messages_only_its_training_and_evaluation_samples(
+    strategy: dict[str, Any], tmp_path: Path
+) -> None:
+    grid, summary = counted_run(strategy, tmp_path)
+    everyone = set(grid.contexts)
+    per_round: dict[int, list[tuple[str, int]]] = {}
+    for kind, server_round, node in grid.sent:
+        per_round.setdefault(server_round, []).append((kind, node))
+    assert sorted(per_round) == [0, *range(1, NUM_ROUNDS + 1)]
+    # Round 0: the handshake and the final report, each to every node once.
+    start_and_report = Counter(kind for kind, _ in per_round[0])
+    assert start_and_report == {p.QUERY_IDENTITY: NUM_NODES, p.QUERY_REPORT: NUM_NODES}
+    evaluated = []
+    for server_round in range(1, NUM_ROUNDS + 1):
+        sent = per_round[server_round]
+        train = [node for kind, node in sent if kind == MessageType.TRAIN]
+        evaluate = [node for kind, node in sent if kind == MessageType.EVALUATE]
+        # Nothing else goes out in a round, and no node gets a message twice per stage.
+        assert len(train) + len(evaluate) == len(sent)
+        assert len(set(train)) == len(train) == 4
+        assert len(set(evaluate)) == len(evaluate)
+        evaluated.append(set(evaluate))
+        if server_round < NUM_ROUNDS:
+            assert len(evaluate) == 5
+    assert evaluated[-1] == everyone
+    # The samples are drawn anew: not the same five nodes every round.
+    assert evaluated[0] != evaluated[1]
+    assert summary["num_clients"] == NUM_NODES
+
+
+def test_fraction_evaluate_is_a_run_config_key_with_todays_default() -> None:
+    from fl_clusters.config import parse_run_config
+    from fl_clusters.errors import ConfigurationError
+    from fl_clusters.strategies.registry import build_strategy
+
+    assert parse_run_config({})["fraction-evaluate"] == 1.0
+    for name in ("ifca", "fedavg", "cfl"):
+        built = build_strategy(parse_run_config({"strategy": name, "fraction-evaluate": 0.1}))
+        assert built.fraction_evaluate == 0.1  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError,
+                       match=r"'fraction-evaluate' must be a number in \[0, 1\]"):
+        parse_run_config({"fraction-evaluate": 1.5})
