@@ -132,18 +132,26 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
     return found
 
 
+# From this many nodes the start-up handshake asks one node before the others.
+FIRST_NODE_ALONE_FROM = 100
+
+
 def identify_federation(
     grid: Grid, nodes: Iterable[int], timeout: float | None
 ) -> NodeIdentities:
-    """:func:`identify_nodes` for the start-up: one node first, then the others.
+    """:func:`identify_nodes` for the start-up; in a large federation one node first.
 
     A reason not to take part that every node shares (its partition plan cannot
     be made) then stops the run after one node's answer: every node's handshake
-    would say the same, and at 10,000 nodes asking them all takes minutes.
+    would say the same, and at 10,000 nodes asking them all takes minutes. A
+    small federation is asked at once: there the separate first ask would only
+    add a round trip (in a deployment, a ClientApp process started on the node).
     """
     nodes = list(nodes)
+    if len(nodes) < FIRST_NODE_ALONE_FROM:
+        return identify_nodes(grid, nodes, timeout)
     found = identify_nodes(grid, nodes[:1], timeout)
-    if not found.every_node and len(nodes) > 1:
+    if not found.every_node:
         found.update(identify_nodes(grid, nodes[1:], timeout))
     return found
 
