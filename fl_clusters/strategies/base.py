@@ -24,7 +24,7 @@ from fl_clusters.strategies.evaluation import (
     mean_metrics,
     per_cluster_evaluate,
 )
-from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.interface import RoundHistory, ServerStrategy, rounds_of_start
 from fl_clusters.strategies.params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
@@ -239,12 +239,13 @@ class ClusteredStrategy(ServerStrategy, Declared):
         strategy-internal send (:meth:`send`), so a node that stalls cannot hold a
         query forever.
         """
-        self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)))
+        self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)),
+                     rounds_of_start(args, kwargs))
         if evaluate_fn is not None:
             evaluate_fn = per_cluster_evaluate(evaluate_fn)
         return super().start(grid, initial_arrays, *args, evaluate_fn=evaluate_fn, **kwargs)
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """The handshake, then :meth:`meet_nodes`; ``timeout`` bounds every send.
 
         Nodes already known (a resumed run, :mod:`fl_clusters.checkpoint`) are not

@@ -20,7 +20,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
-from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.interface import RoundHistory, ServerStrategy, rounds_of_start
 
 
 class KeyOrderedNodes:
@@ -93,7 +93,7 @@ class FlowerBaseline(ServerStrategy):
         """Flower's strategies run on any number of nodes."""
         return None
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """Seed Python's random, or give it back its state at the resumed checkpoint."""
         if self.python_random is None:
             random.seed(self.seed)
@@ -102,7 +102,7 @@ class FlowerBaseline(ServerStrategy):
 
     def start(self, grid: Grid, *args: Any, **kwargs: Any) -> Result:  # type: ignore[override]
         """Flower's round loop, after :meth:`prepare` (for an app's own ServerApp)."""
-        self.prepare(grid, float(kwargs.get("timeout", 3600.0)))
+        self.prepare(grid, float(kwargs.get("timeout", 3600.0)), rounds_of_start(args[1:], kwargs))
         return super().start(grid, *args, **kwargs)
 
     def summary(self) -> None:
