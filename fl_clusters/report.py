@@ -89,6 +89,10 @@ def report_row(
         return None
     row = {key: metrics[key] for key in metrics}  # type: ignore[union-attr,index]
     row["node-id"] = node
+    # A plug-in app's report carries no partition-id; its handshake reply did.
+    partition = strategy.nodes.partitions.get(node)
+    if "partition-id" not in row and partition is not None:
+        row["partition-id"] = partition
     row.update(placement_fields(reply))
     row["assigned"] = (
         int(assigned) if assigned is not None else int(np.argmin(row["train-loss"]))

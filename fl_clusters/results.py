@@ -17,11 +17,13 @@ from typing import Any
 
 import numpy as np
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from rich.console import Console
 from rich.table import Table
 
 from fl_clusters import protocol as p
+from fl_clusters.config import parse_run_config
 from fl_clusters.files import atomic_output, sha256_of
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.metrics import (
@@ -35,6 +37,8 @@ from fl_clusters.metrics import (
 )
 from fl_clusters.placement import NOWHERE
 from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
+from fl_clusters.report import collect_report
+from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.interface import ServerStrategy
 
 MODELS_FILE = "models.npz"
@@ -327,6 +331,64 @@ def write_results(
                  **{key: result.arrays[key].numpy() for key in result.arrays})
     summary = {**summary, "models_sha256": sha256_of(models)}
     (folder / SUMMARY_FILE).write_text(strict_json(summary, indent=2))
+
+
+def write_plugin_results(
+    folder: str | Path, grid: Grid, strategy: object, result: Result, num_rounds: int,
+    *, target_accuracy: float = 0.8,
+) -> dict[str, Any]:
+    """Write, from an app's own ServerApp, the results folder fl-clusters' ServerApp writes.
+
+    Call it after ``strategy.start`` returns, with the same grid: every node
+    scores every cluster model on its test loader (the ``query.report`` that
+    ``ClusteredClient`` answers), and ``folder`` receives ``assignments.csv``,
+    ``summary.json``, ``rounds.jsonl``, ``models.npz`` and ``run_config.json``
+    (docs/results.md). Bytes count the whole run only when ``strategy.start``
+    was given the grid wrapped in :class:`~fl_clusters.grid.MeteredGrid`
+    (otherwise the report's alone); the wall time is not measured (``null``).
+
+    Parameters
+    ----------
+    folder : str | Path
+        The results folder; created if missing.
+    grid : Grid
+        The run's grid.
+    strategy : ClusteredStrategy
+        The fl-clusters strategy that ran.
+    result : Result
+        What ``strategy.start`` returned.
+    num_rounds : int
+        The run's rounds, as given to ``strategy.start``.
+    target_accuracy : float (default: 0.8)
+        Personalized accuracy that ``rounds_to_target`` counts rounds to.
+
+    Returns
+    -------
+    dict[str, Any]
+        What ``summary.json`` holds.
+    """
+    if not isinstance(strategy, ClusteredStrategy):
+        raise TypeError(
+            f"write_plugin_results needs an fl-clusters strategy (fl_clusters.strategies); "
+            f"got {type(strategy).__name__}, which keeps no clusters to report"
+        )
+    settings = {
+        "strategy": strategy.name,
+        "num-rounds": num_rounds,
+        "target-accuracy": target_accuracy,
+        "round-timeout": strategy.round_timeout,
+        "mcfl-feature-samples": parse_run_config({})["mcfl-feature-samples"],
+    }
+    metered = grid if isinstance(grid, MeteredGrid) else MeteredGrid(grid)
+    nodes = sorted(metered.get_node_ids())
+    rows, answered = collect_report(metered, strategy, result.arrays, nodes, settings)
+    if not rows:
+        raise RuntimeError("no node answered the final report; see the log for their errors")
+    summary = run_summary(rows, result, strategy, settings, metered, (nodes, nodes, answered),
+                          wall_time_s=float("nan"), resumed_after_round=None)
+    write_results(Path(folder), settings, result, metered, rows, summary)
+    strategy.write_artifacts(Path(folder))
+    return summary
 
 
 def load_models(folder: Path) -> dict[str, np.ndarray]:

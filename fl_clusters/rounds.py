@@ -153,8 +153,7 @@ class CheckpointedRounds(Strategy):
         """
         self._grid = grid
         self.timeout = timeout
-        self.strategy.final_round = num_rounds
-        self.strategy.prepare(grid, timeout)
+        self.strategy.prepare(grid, timeout, num_rounds)
         arrays = initial_arrays
         if self.resumed is not None:
             arrays = self.resumed.arrays

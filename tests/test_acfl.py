@@ -139,3 +139,19 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
     )
     assert acfl["num_clusters_found"] == 1, acfl
     assert acfl["trial_evaluations"] == NUM_CLIENTS - 1  # every candidate accepted once
+
+
+def test_a_phase_1_budget_the_run_cannot_reach_is_named_at_the_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fl_clusters.strategies.base import ClusteredStrategy
+
+    # The shared start-up (the handshake) is not what is tested here.
+    monkeypatch.setattr(ClusteredStrategy, "prepare", lambda *args: None)
+    with caplog.at_level(logging.WARNING):
+        ACFL(phase1_rounds=9).prepare(None, 60.0, 10)  # type: ignore[arg-type]
+        assert not caplog.text
+        ACFL().prepare(None, 60.0, 10)  # type: ignore[arg-type]
+    assert ("phase1_rounds=10 is not below the run's 10 rounds" in caplog.text
+            and "pass e.g. ACFL(phase1_rounds=3) (run-config acfl-phase1-rounds=3)"
+            in caplog.text)

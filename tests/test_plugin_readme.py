@@ -10,7 +10,9 @@ per cluster that the quickstart's ``Net`` loads.
 
 from __future__ import annotations
 
+import csv
 import importlib
+import json
 import re
 import shutil
 from pathlib import Path
@@ -161,6 +163,14 @@ def test_readme_snippet_turns_quickstart_into_a_clustered_run(
     assert adjusted_rand_score(groups, chosen) == 1.0, (groups, chosen)
     # One model for both groups cannot pass 0.5 on both (their labels disagree).
     assert min(accuracy) >= 0.8, accuracy
+    # The README's last line writes the library's results folder: each partition's
+    # cluster is the model that node chose.
+    with (tmp_path / "results" / "assignments.csv").open() as rows:
+        written = {int(row["partition_id"]): int(row["assigned_cluster"])
+                   for row in csv.DictReader(rows)}
+    assert written == dict(enumerate(chosen)), (written, chosen)
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    assert summary["strategy"] == "ifca" and len(summary["assignment_history"]) == 6
 
 
 def test_a_train_that_raises_stops_the_run_with_the_users_error(
@@ -193,3 +203,26 @@ def test_forgetting_clustered_evaluate_fails_when_the_app_loads(tmp_path: Path) 
     message = str(error.value)
     assert "handler 'evaluate' is not wrapped by ClusteredClient" in message
     assert "Put @clustered.evaluate directly under @app.evaluate()" in message
+
+
+def test_cluster_assignments_name_each_nodes_partition_round_by_round() -> None:
+    strategy = fl_clusters.strategies.IFCA(num_clusters=2)
+    strategy.assignment_history = {1: {70: 1, 50: 0, 9: 0}, 2: {70: 0, 50: 1, 9: 0}}
+    strategy.nodes.partitions.update({70: 0, 50: 1})
+    rows = strategy.cluster_assignments()
+    # Round, then partition; a node whose config has no partition-id comes last.
+    assert [tuple(row) for row in rows] == [
+        (1, 70, 0, 1), (1, 50, 1, 0), (1, 9, None, 0),
+        (2, 70, 0, 0), (2, 50, 1, 1), (2, 9, None, 0),
+    ]
+    assert rows[0]._asdict() == {"round": 1, "node_id": 70, "partition_id": 0, "cluster": 1}
+
+
+def test_plugin_results_refuse_a_strategy_that_keeps_no_clusters(tmp_path: Path) -> None:
+    from flwr.serverapp.strategy import FedAvg, Result
+
+    from fl_clusters.results import write_plugin_results
+
+    with pytest.raises(TypeError, match=r"needs an fl-clusters strategy .* got FedAvg"):
+        write_plugin_results(tmp_path, None, FedAvg(), Result(), 3)  # type: ignore[arg-type]
+    assert not list(tmp_path.iterdir())

@@ -66,6 +66,8 @@ class ACFL(HardClusteredStrategy):
     phase1_rounds : int (default: 10)
         Phase 1 ends after this many rounds whatever the norms, >= 1 (the paper
         clusters at round 40 of 100-round runs; the bundled runs are 10-20 rounds).
+        At or above the run's rounds, the start warns, naming one that fits:
+        unless the norms level off, phase 1 never ends and the run is FedAvg.
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
@@ -157,6 +159,16 @@ class ACFL(HardClusteredStrategy):
         self._directions: np.ndarray | None = None
 
     # ----------------------------------------------------------------- training
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
+        """Warn when phase 1's round budget does not end within the run; the shared start-up."""
+        if self.phase1_rounds >= num_rounds:
+            fits = max(1, num_rounds // 3)
+            log(WARNING, "ACFL: phase1_rounds=%d is not below the run's %d rounds: unless the "
+                "update norms level off, phase 1 never ends and the run is plain FedAvg; pass "
+                "e.g. ACFL(phase1_rounds=%d) (run-config acfl-phase1-rounds=%d)",
+                self.phase1_rounds, num_rounds, fits, fits)
+        super().prepare(grid, timeout, num_rounds)
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

@@ -243,20 +243,20 @@ class ClusteredStrategy(ServerStrategy, Declared):
         strategy-internal send (:meth:`send`), so a node that stalls cannot hold a
         query forever.
         """
-        self.final_round = num_rounds
-        self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)))
+        self.prepare(grid, float(kwargs.get("timeout", self.round_timeout)), num_rounds)
         if evaluate_fn is not None:
             evaluate_fn = per_cluster_evaluate(evaluate_fn)
         return super().start(grid, initial_arrays, num_rounds, *args, evaluate_fn=evaluate_fn,
                              **kwargs)
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """The handshake, then :meth:`meet_nodes`; ``timeout`` bounds every send.
 
         Nodes already known (a resumed run, :mod:`fl_clusters.checkpoint`) are not
         asked again.
         """
         self.round_timeout = timeout
+        self.final_round = num_rounds
         self.nodes.started = True
         _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
         self.learn_node_keys(grid, nodes)

@@ -137,6 +137,13 @@ class FLDC(ClusteredStrategy):
                     f"FLDC clusters the round-0 models of {len(nodes)} nodes, fewer than "
                     f"min_pts={self.min_pts}; lower 'fldc-min-pts' or add nodes"
                 )
+            if len(nodes) < 2 * self.min_pts:
+                # A DBSCAN cluster holds a core node with min_pts nodes within eps,
+                # itself included: a smaller group cannot form a cluster of its own.
+                log(WARNING, "FLDC: %d nodes, min_pts=%d: a group of fewer than %d nodes "
+                    "cannot form its own DBSCAN cluster, so two groups of %d nodes are not "
+                    "told apart; pass FLDC(min_pts=2) (fldc-min-pts=2) or run more nodes",
+                    len(nodes), self.min_pts, self.min_pts, len(nodes) // 2)
         else:
             self._place_newcomers(grid)
             known = sorted(self._strata, key=self.node_order)

@@ -94,8 +94,9 @@ class FlowerBaseline(ServerStrategy):
         """Flower's strategies run on any number of nodes."""
         return None
 
-    def prepare(self, grid: Grid, timeout: float) -> None:
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """Seed Python's random, or give it back its state at the resumed checkpoint."""
+        self.final_round = num_rounds
         if self.python_random is None:
             random.seed(self.seed)
         else:
@@ -109,8 +110,7 @@ class FlowerBaseline(ServerStrategy):
 
         Round ``num_rounds`` evaluates every node (:meth:`evaluated_share`).
         """
-        self.final_round = num_rounds
-        self.prepare(grid, float(kwargs.get("timeout", 3600.0)))
+        self.prepare(grid, float(kwargs.get("timeout", 3600.0)), num_rounds)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -55,6 +55,17 @@ class Scoring:
     report_mixture: bool = False
 
 
+class ClusterAssignment(NamedTuple):
+    """One node's cluster in one evaluated round (:meth:`ServerStrategy.cluster_assignments`)."""
+
+    round: int
+    node_id: int
+    # The node config's partition-id as the node reported it at the start-up
+    # handshake; None for a node whose config has none.
+    partition_id: int | None
+    cluster: int
+
+
 class ServerStrategy(Strategy):
     """A Flower strategy that fl-clusters' ServerApp can run, checkpoint and report on.
 
@@ -65,7 +76,7 @@ class ServerStrategy(Strategy):
     rejected_replies : int
         Replies the strategy could not use (errors, malformed), for the summary.
     final_round : int | None
-        The run's last round, set when its rounds start (``None``: not known yet):
+        The run's last round, set by :meth:`prepare` (``None``: not known yet):
         its evaluation reaches every node (:meth:`evaluated_share`).
     """
 
@@ -106,7 +117,7 @@ class ServerStrategy(Strategy):
         return dict(vars(self))
 
     @abstractmethod
-    def prepare(self, grid: Grid, timeout: float) -> None:
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """Get ready for the first round this process runs (a fresh or resumed run).
 
         Parameters
@@ -115,6 +126,9 @@ class ServerStrategy(Strategy):
             The grid of the run.
         timeout : float
             Seconds every send waits for replies (the rounds' timeout).
+        num_rounds : int
+            The run's last round (absolute: a resumed run's rounds before the
+            checkpoint count).
         """
 
     @abstractmethod
@@ -138,6 +152,27 @@ class ServerStrategy(Strategy):
 
         ``None`` for a strategy that keeps no clusters.
         """
+
+    def cluster_assignments(self) -> list[ClusterAssignment]:
+        """Each node's cluster in every evaluated round, for the app's own ServerApp.
+
+        The cluster a node used at the round's evaluation: the one the server
+        assigned it, or, where the server assigns none, the model of lowest loss
+        the node chose; ordered by round, then partition id (node id where none). Node
+        ids are Flower's (random per run in simulation), so the partition id is
+        the one to join with your data. Empty for a strategy that keeps no
+        clusters (Flower's FedAvg and FedProx).
+        """
+        history = self.round_history()
+        if history is None:
+            return []
+        rows = [
+            ClusterAssignment(server_round, node, self.nodes.partitions.get(node), cluster)
+            for server_round, used in history[0].items()
+            for node, cluster in used.items()
+        ]
+        return sorted(rows, key=lambda row: (
+            row.round, row.partition_id is None, row.partition_id or 0, row.node_id))
 
     def preset_fields(self) -> dict[str, Any]:
         """The preset the strategy ran (``preset``), what it set (``preset_changes``) and
