@@ -3,32 +3,48 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import numpy as np
 import pytest
 
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM
-from fl_clusters.strategies.params import SAME, Param, ParamError
+from fl_clusters.strategies.behaviours import Behaviour
+from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError, departs
 from fl_clusters.strategies.registry import build_strategy
 from tests.conftest import Federation
 
+# What every strategy records of its preset: not a difference of the algorithm.
+PRESET_RECORDS = {"preset", "preset_changes", "preset_kept", "preset_rules"}
+
 
 def departures(cls: type[ClusteredStrategy]) -> dict[str, Param]:
-    return {param.name: param for param in cls.declared_params() if param.paper is not SAME}
+    return {param.name: param for param in cls.declared_params() if departs(param)}
 
 
 def test_every_departure_from_the_paper_is_declared_with_its_reason() -> None:
     found = {name: sorted(departures(cls)) for name, cls in ClusteredStrategy.registry.items()}
     # The departures the robust defaults make; a new one must be declared (and so
     # appear in docs/paper-fidelity.md), never slipped in as a plain default.
-    assert found["ifca"] == ["aggregation", "init", "reseed_after"]
-    assert found["cfl"] == ["gate", "min_silhouette"]
-    assert found["acfl"] == ["gate", "incentive_threshold"]
+    assert found["ifca"] == ["aggregation", "init", "reseed_after", "restarts"]
+    assert found["cfl"] == ["eps2", "gate", "min_silhouette"]
+    assert found["acfl"] == ["gate", "incentive_threshold", "trial_epochs"]
     assert found["flhc"] == ["threshold"]
     assert found["fedem"] == ["init"]
     for cls in ClusteredStrategy.registry.values():
         for param in departures(cls).values():
-            assert param.why and param.paper != param.default
+            assert param.why and param.source and param.paper != param.default
             param.check(param.paper)
+
+
+def test_a_departure_without_a_reason_or_source_cannot_be_declared() -> None:
+    with pytest.raises(ValueError, match="reason and its source"):
+        Param("init", "local-kmeans", "str", "start", choices=("local-kmeans", "random"),
+              paper="random", why="a reason")
+    with pytest.raises(ValueError, match="reason and its source"):
+        Param("steps", 5, "int", "steps", paper=NOT_GIVEN, source="section 2")
+    with pytest.raises(ValueError, match="needs its why, source"):
+        Behaviour("rule", "the paper's rule", "ours", "", "")
 
 
 def test_a_departure_without_a_reason_cannot_be_declared() -> None:
@@ -37,7 +53,7 @@ def test_a_departure_without_a_reason_cannot_be_declared() -> None:
               paper="random")
     with pytest.raises(ParamError):
         Param("init", "local-kmeans", "str", "start", choices=("local-kmeans", "random"),
-              paper="kmeans++", why="a reason")
+              paper="kmeans++", why="a reason", source="a section")
 
 
 @pytest.mark.parametrize("cls", [IFCA, CFL, FLHC, FedEM])
@@ -64,7 +80,8 @@ def test_an_argument_the_caller_names_is_kept_even_at_its_default(
     with caplog.at_level(logging.INFO, logger="flwr"):
         strategy = IFCA(preset="paper", init="local-kmeans")
     assert strategy.init == "local-kmeans"
-    assert strategy.preset_changes == {"aggregation": "paper", "reseed_after": 0}
+    assert strategy.preset_changes == {"aggregation": "paper", "restarts": 10,
+                                       "reseed_after": 0}
     assert strategy.preset_fields()["preset_kept"] == {
         "init": {"value": "local-kmeans", "paper": "random"}}
     assert "init='local-kmeans', the paper's 'random'" in caplog.text
@@ -84,7 +101,8 @@ def test_a_run_config_value_apart_from_the_keys_default_is_the_users() -> None:
         {"strategy": "ifca", "preset": "paper", "ifca-init": "local-kmeans",
          "ifca-reseed-after": 5, "num-clusters": 2}))
     assert (strategy.init, strategy.reseed_after, strategy.num_clusters) == ("random", 5, 2)
-    assert strategy.preset_changes == {"aggregation": "paper", "init": "random"}
+    assert strategy.preset_changes == {"aggregation": "paper", "init": "random",
+                                       "restarts": 10}
     assert strategy.preset_kept == {"reseed_after": {"value": 5, "paper": 0}}
     assert strategy.user_arguments == {"preset", "reseed_after", "num_clusters"}
 
@@ -104,3 +122,97 @@ def test_a_paper_run_records_its_preset_in_the_summary(federation: Federation) -
     assert summary["preset"] == "paper"
     assert summary["preset_changes"] == {"threshold": "absolute"}
     assert summary["preset_kept"] == {}
+    assert summary["preset_rules"] == ["awcfl_example_weights", "mcfl_all_test_inputs"]
+
+
+def _differences(first: Any, second: Any, path: str) -> set[str]:
+    """The paths (``hierarchy.threshold``) at which two values built alike differ."""
+    if type(first) is not type(second):
+        return {path}
+    if isinstance(first, np.ndarray):
+        same = first.shape == second.shape and bool(np.array_equal(first, second))
+        return set() if same else {path}
+    if isinstance(first, np.random.Generator):
+        return set() if first.bit_generator.state == second.bit_generator.state else {path}
+    if isinstance(first, dict):
+        if first.keys() != second.keys():
+            return {path}
+        return set().union(*(_differences(first[key], second[key], f"{path}.{key}")
+                             for key in first))
+    if isinstance(first, list | tuple):
+        if len(first) != len(second):
+            return {path}
+        return set().union(*(_differences(a, b, f"{path}.{i}")
+                             for i, (a, b) in enumerate(zip(first, second, strict=True))))
+    if hasattr(first, "__dict__") and not isinstance(first, type):
+        return _differences(vars(first), vars(second), path)
+    return set() if first == second else {path}
+
+
+def preset_differences(cls: type[ClusteredStrategy]) -> set[str]:
+    """Where ``cls`` built under the two presets differs: attribute paths.
+
+    Both are built with every required argument (an int, 2) and ``preset`` named,
+    so that only the preset tells them apart.
+    """
+    required = {param.name: 2 for param in cls.declared_params() if param.default is REQUIRED}
+    robust, paper = cls(preset="robust", **required), cls(preset="paper", **required)
+    return {path.lstrip(".") for path in _differences(vars(robust), vars(paper), "")
+            if path.lstrip(".").split(".")[0] not in PRESET_RECORDS}
+
+
+def declared_differences(cls: type[ClusteredStrategy]) -> set[str]:
+    """The attributes its declarations let the presets set apart: parameters and rules."""
+    return set(departures(cls)) | {
+        rule.name for rule in cls.declared_behaviours() if rule.switched}
+
+
+def undeclared(cls: type[ClusteredStrategy]) -> set[str]:
+    """The differences no declaration names: a path none of whose attributes is declared.
+
+    A value built from a declared one (FL+HC's ``hierarchy.threshold``) is covered
+    by its name.
+    """
+    declared = declared_differences(cls)
+    return {path for path in preset_differences(cls) if not set(path.split(".")) & declared}
+
+
+@pytest.mark.parametrize("name", sorted(ClusteredStrategy.registry))
+def test_the_presets_differ_only_where_a_parameter_or_rule_is_declared(name: str) -> None:
+    cls = ClusteredStrategy.registry[name]
+    assert undeclared(cls) == set(), (
+        f"{cls.__name__}'s presets differ in {sorted(undeclared(cls))}, which no "
+        "Param(paper=...) or Behaviour declares (docs/paper-fidelity.md would not show it)")
+    # And every declaration tells the presets apart: none is left over from old code.
+    assert declared_differences(cls) - preset_differences(cls) == set()
+
+
+class _PlantedRule(IFCA):
+    """IFCA with a rule only its paper preset runs, and no declaration of it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.extra_restart_rule = self.preset == "paper"
+
+
+class _PlantedSeed(IFCA):
+    """IFCA whose paper preset draws from another seed: a difference inside an object."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.preset == "paper":
+            self.rng = np.random.default_rng(self.seed + 1)
+
+
+def test_an_undeclared_difference_between_the_presets_is_found() -> None:
+    assert undeclared(_PlantedRule) == {"extra_restart_rule"}
+    # Inside an object too: the generator's state.
+    assert undeclared(_PlantedSeed) == {"rng"}
+
+
+def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyPatch) -> None:
+    rule = Behaviour("extra_restart_rule", "the paper's rule", "the library's rule",
+                     "a reason", "a section")
+    monkeypatch.setattr(_PlantedRule, "behaviours", (rule,), raising=False)
+    assert undeclared(_PlantedRule) == set()
+    assert "extra_restart_rule" in preset_differences(_PlantedRule)
