@@ -492,7 +492,8 @@ class ACFL(HardClusteredStrategy):
 
         ``trial_messages`` counts phase 2's evaluate messages (local-only scores and
         trials), ``trial_train_messages`` its train messages (one local-only model
-        per node, ``trial_epochs`` epochs each).
+        per node, ``trial_epochs`` epochs each; under the paper's trial rule also
+        one per member of every trial).
         """
         if self.clustering_round is None:
             log(WARNING, "ACFL: phase 1 never ended (no convergence within the run's "
