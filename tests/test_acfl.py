@@ -146,15 +146,19 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
 
 
 class TrainLog(LoopbackGrid):
-    """A LoopbackGrid that records each batch of train messages: (node, epochs) pairs."""
+    """A LoopbackGrid that records each batch of phase 2's train messages: (node, epochs).
+
+    A round's training names the node's cluster (``assigned``); phase 2's does not.
+    """
 
     batches: ClassVar[list[list[tuple[int, int]]]] = []
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
-        trains = [(m.metadata.dst_node_id,
-                   int(m.content.config_records[p.CONFIG].get(p.CFG_EPOCHS, 0)))  # type: ignore[arg-type]
-                  for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        configs = [(m.metadata.dst_node_id, m.content.config_records[p.CONFIG])
+                   for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        trains = [(node, int(config[p.CFG_EPOCHS]))  # type: ignore[arg-type]
+                  for node, config in configs if p.CFG_ASSIGNED not in config]
         if trains:
             TrainLog.batches.append(trains)
         return super().push_messages(messages)
@@ -175,8 +179,8 @@ def test_paper_acfl_trains_each_candidate_in_a_federation_with_its_cluster(
                                 "acfl-phase1-rounds": 1}, tmp_path, TrainLog)
     assert "trial_from_local_models" in summary["preset_rules"]
     assert summary["preset_changes"]["trial_epochs"] == 15
-    phase2 = [batch for batch in TrainLog.batches if all(epochs == 15 for _, epochs in batch)]
-    local_only, trials = phase2[0], phase2[1:]
+    local_only, trials = TrainLog.batches[0], TrainLog.batches[1:]
+    assert {epochs for batch in TrainLog.batches for _, epochs in batch} == {15}
     assert len(local_only) == LOOPBACK_CLIENTS
     assert len(trials) == summary["trial_evaluations"] >= 1
     # Each trial is the cluster (its start client at least) plus the candidate.
