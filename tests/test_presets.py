@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from typing import Any
 
@@ -216,3 +218,70 @@ def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(_PlantedRule, "behaviours", (rule,), raising=False)
     assert undeclared(_PlantedRule) == set()
     assert "extra_restart_rule" in preset_differences(_PlantedRule)
+
+
+def paper_declarations(klass: type) -> list[list[str]]:
+    """What ``klass``'s own declarations make ``preset="paper"`` compute: paper values, rules."""
+    own = vars(klass)
+    values = [[param.name, repr(param.paper)] for param in own.get("params", ()) if departs(param)]
+    rules = [[rule.name, rule.paper_rule] for rule in own.get("behaviours", ()) if rule.switched]
+    return values + rules
+
+
+def paper_digests() -> dict[str, tuple[int, str]]:
+    """Each declaring class's own paper revision and digest of :func:`paper_declarations`."""
+    classes = {klass for cls in ClusteredStrategy.registry.values() for klass in cls.__mro__}
+    digests = {}
+    for klass in classes:
+        declarations = paper_declarations(klass)
+        if declarations or vars(klass).get("paper_revision", 1) > 1:
+            text = json.dumps(declarations, sort_keys=True)
+            digests[klass.__name__] = (vars(klass).get("paper_revision", 1),
+                                       hashlib.sha256(text.encode()).hexdigest()[:12])
+    return digests
+
+
+# Each class's paper revision and the digest of what its preset="paper" declares,
+# as of that revision: a change to the declarations must raise the revision, so
+# that the sweep runs made before it are stale (fl_clusters.sweep.cells).
+PAPER_DIGESTS = {
+    "ACFL": (2, "3215aa7feea8"),
+    "AWCFLOption": (2, "55cd70db821b"),
+    "CFL": (2, "6efde5a95179"),
+    "FLDC": (2, "391393afd046"),
+    "FLHC": (1, "25f86a6e2248"),
+    "FedEM": (1, "14aef8b2a54c"),
+    "IFCA": (2, "d86856d1958b"),
+    "MCFLOption": (2, "61198e162e77"),
+}
+
+
+def forgotten_revisions(digests: dict[str, tuple[int, str]]) -> list[str]:
+    """The classes whose paper declarations changed from PAPER_DIGESTS at the same revision."""
+    return sorted(name for name, (revision, digest) in digests.items()
+                  if name in PAPER_DIGESTS and PAPER_DIGESTS[name][0] == revision
+                  and PAPER_DIGESTS[name][1] != digest)
+
+
+def test_a_change_to_what_the_paper_preset_computes_raises_its_revision() -> None:
+    digests = paper_digests()
+    forgotten = forgotten_revisions(digests)
+    assert not forgotten, "; ".join(
+        f"preset='paper' of {name} changed: bump its paper revision (paper_revision = "
+        f"{digests[name][0] + 1}) and update the digest here; a change of wording alone: "
+        "update the digest only" for name in forgotten)
+    assert digests == PAPER_DIGESTS, (
+        f"update PAPER_DIGESTS in tests/test_presets.py to {digests!r}")
+
+
+def test_a_paper_value_changed_at_the_same_revision_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dataclasses import replace
+
+    params = tuple(replace(param, paper=1.7) if param.name == "eps2" else param
+                   for param in CFL.params)
+    monkeypatch.setattr(CFL, "params", params)
+    assert forgotten_revisions(paper_digests()) == ["CFL"]
+    monkeypatch.setattr(CFL, "paper_revision", CFL.paper_revision + 1)
+    assert forgotten_revisions(paper_digests()) == []

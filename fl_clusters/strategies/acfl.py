@@ -96,6 +96,7 @@ class ACFL(HardClusteredStrategy):
     """
 
     name = "acfl"
+    paper_revision = 2
     paper = "Zhu et al., J. on Communications 2024"
     client_needs = ("`loaders` returning `(train, validation, test)`; `phase1_rounds` below "
                     "the run's rounds (below)")

@@ -64,6 +64,8 @@ class AWCFLOption(ClusteredStrategy):
 
     awcfl_beta: float
     awcfl_example_weights: bool
+    paper_revision = 2
+    paper_rules_apply_with = "awcfl-beta"
     behaviours = (
         Behaviour(
             "awcfl_example_weights",

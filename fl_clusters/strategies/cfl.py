@@ -147,6 +147,7 @@ class CFL(HardClusteredStrategy):
     """
 
     name = "cfl"
+    paper_revision = 2
     paper = "Sattler et al., IEEE TNNLS 2020"
     params = (
         Param("gate", "relative", "str",

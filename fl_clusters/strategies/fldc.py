@@ -94,6 +94,7 @@ class FLDC(ClusteredStrategy):
     """
 
     name = "fldc"
+    paper_revision = 2
     paper = "Wang and Li, 2025"
     defaults_checked_against = ("the paper's settings: MinPts = 4, eps at the knee of the "
                                 "sorted k-distance curve, r = 0.2")

@@ -88,6 +88,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     """
 
     name = "ifca"
+    paper_revision = 2
     paper = "Ghosh et al., NeurIPS 2020"
     client_needs = 'nothing more; `mode="gradient"` is refused (below)'
     params = (

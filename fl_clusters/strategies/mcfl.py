@@ -108,6 +108,8 @@ class MCFLOption(ClusteredStrategy):
     mcfl: bool
     mcfl_feature_samples: int
     mcfl_all_test_inputs: bool
+    paper_revision = 2
+    paper_rules_apply_with = "mcfl"
     behaviours = (
         Behaviour(
             "mcfl_all_test_inputs",

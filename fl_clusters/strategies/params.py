@@ -428,6 +428,17 @@ class Declared:
     # Its own rules that depart from the paper; a subclass follows its bases' too
     # (declared_behaviours).
     behaviours: ClassVar[tuple[Behaviour, ...]] = ()
+    # What preset="paper" computes under the class's own declarations, counted: 1
+    # at first, one more with every change to it (a paper value, a switched rule),
+    # so that a sweep run recorded before the change is stale
+    # (fl_clusters.sweep.cells.Cell.changed_settings); tests/test_presets.py holds
+    # each class's digest of those declarations and fails when they change alone.
+    # Read from the class itself, never inherited (paper_revision_for).
+    paper_revision: ClassVar[int] = 1
+    # The run-config key whose value must be true (a nonzero number, True) for the
+    # class's paper rules to change a run: "" for every run; "mcfl" for an option
+    # whose rules apply only when it is on.
+    paper_rules_apply_with: ClassVar[str] = ""
     # Every class with a name, by name (a subclass hierarchy may keep its own).
     registry: ClassVar[dict[str, type]] = {}
     # The arguments the caller named, set before ``__init__`` runs (see ``__new__``).
@@ -449,6 +460,23 @@ class Declared:
     def declared_params(cls) -> tuple[Param, ...]:
         """Every argument the class takes: its own declarations first, then its bases'."""
         return _along_mro(cls, "params")
+
+    @classmethod
+    def paper_revision_for(cls, settings: Mapping[str, Any]) -> int:
+        """What ``preset="paper"`` computes for a run with run config ``settings``, counted.
+
+        1, plus each class's own revisions past 1 (``paper_revision``) along the
+        class and its bases, of those whose rules apply to the run
+        (``paper_rules_apply_with``): a change to any of them raises it, and one
+        to an option the run leaves off does not.
+        """
+        revision = 1
+        for klass in cls.__mro__:
+            own = vars(klass)
+            applies_with = own.get("paper_rules_apply_with", "")
+            if not applies_with or settings.get(applies_with):
+                revision += own.get("paper_revision", 1) - 1
+        return revision
 
     @classmethod
     def declared_behaviours(cls) -> tuple[Behaviour, ...]:
