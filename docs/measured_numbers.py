@@ -30,12 +30,15 @@ A number from a sweep is stale when a run it rests on used a setting that has
 another value now (:meth:`fl_clusters.sweep.cells.Cell.changed_settings`): a table
 rests on every run of its sweep, an inline number on the lines of ``runs.jsonl``
 its expression reads beyond their ``key``, ``cell`` and ``status``. A stale number
-keeps rendering from its file; the check names it, the run and the setting.
+keeps rendering from its file, followed by a note the reader sees, rendered too
+(``<!--stale-->(stale: 5 runs ran with paper-revision=1, now 2)<!--/stale-->``,
+on the line after a table); the check names it, the run and the setting.
 
-``python docs/measured_numbers.py`` rewrites every page in place (``python
-docs/generate_strategies.py`` runs it too); ``--check`` lists the numbers that
-disagree with their files and the stale ones, and exits 1 if there are any.
-tests/test_measured_docs.py runs the check.
+``python docs/measured_numbers.py`` rewrites every page in place, notes included
+(``python docs/generate_strategies.py`` runs it too); ``--check`` lists the
+numbers that disagree with their files, the stale numbers whose note is missing
+or out of date, and the stale ones, and exits 1 if any disagree or lack their
+note. tests/test_measured_docs.py runs the check.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MEASURED = ROOT / "benchmarks" / "measured"
 INLINE = re.compile(r"<!--m (?P<source>[^:>]+?): (?P<expr>.+?)-->(?P<text>.*?)<!--/m-->", re.S)
 TABLE = re.compile(r"<!--table (?P<source>[^>]+?)-->\n(?P<text>.*?)<!--/table-->", re.S)
+# A stale number's note: after an inline number on its line, after a table on the next.
+STALE_NOTE = re.compile(r"(?: |\n)<!--stale-->(?P<text>.*?)<!--/stale-->", re.S)
 WRITTEN_NUMBER = re.compile(r"^(?P<sign>[+-]?)(?P<whole>\d[\d,]*)(?:\.(?P<decimals>\d+))?"
                             r"(?P<suffix>\D*)$")
 
@@ -284,26 +289,69 @@ def _stale_inline(source: str, expr: str, sweeps: Sweeps) -> list[tuple[str, str
     return found
 
 
-def stale_numbers(text: str) -> list[Stale]:
-    """The numbers of ``text`` that rest on a sweep's run whose settings changed since.
+def _stale_markers(text: str) -> Iterator[tuple[re.Match[str], list[Stale]]]:
+    """Every marker of ``text`` over a sweep with the stale runs its number rests on.
 
     A sweep's table rests on every run of the sweep; an inline number over a
     sweep's ``runs.jsonl`` on the lines its expression reads (:func:`lines_read`).
     """
     # Each sweep is read once a page.
     sweeps: Sweeps = {}
-    found = []
     for match in TABLE.finditer(text):
         source = match["source"].strip()
-        found += [Stale(text.count("\n", 0, match.start()) + 1, f"table {source}", run, why)
-                  for run, why in _stale_in_table(source, sweeps)]
+        yield match, [Stale(text.count("\n", 0, match.start()) + 1, f"table {source}", run, why)
+                      for run, why in _stale_in_table(source, sweeps)]
     for match in INLINE.finditer(text):
         source, expr = match["source"].strip(), match["expr"].strip()
         if source.startswith("sweeps/") and source.endswith("/runs.jsonl"):
             number = f"{match['text']!r} ({source}: {expr})"
-            found += [Stale(text.count("\n", 0, match.start()) + 1, number, run, why)
-                      for run, why in _stale_inline(source, expr, sweeps)]
+            yield match, [Stale(text.count("\n", 0, match.start()) + 1, number, run, why)
+                          for run, why in _stale_inline(source, expr, sweeps)]
+
+
+def stale_numbers(text: str) -> list[Stale]:
+    """The numbers of ``text`` that rest on a sweep's run whose settings changed since."""
+    found = [stale for _, stales in _stale_markers(text) for stale in stales]
     return sorted(found, key=lambda stale: stale.line)
+
+
+def stale_note(stales: Sequence[Stale], table: bool) -> str:
+    """The note a stale number carries on its page (``""`` for none): its runs and why."""
+    if not stales:
+        return ""
+    whys = "; ".join(sorted({stale.why for stale in stales}))
+    runs = f"{len(stales)} run{'s' if len(stales) > 1 else ''}"
+    text = f"stale: {runs} {whys}"
+    return ("\n" if table else " ") + f"<!--stale-->({text})<!--/stale-->"
+
+
+def without_notes(text: str) -> str:
+    """``text`` without its stale notes."""
+    return STALE_NOTE.sub("", text)
+
+
+@dataclass(frozen=True)
+class NoteMismatch:
+    """A stale number without its note, or with another, or a note on a current number."""
+
+    line: int
+    written: str
+    rendered: str
+
+    def __str__(self) -> str:
+        return (f"line {self.line}: stale note written {self.written!r}, the runs give "
+                f"{self.rendered!r}")
+
+
+def note_mismatches(text: str) -> list[NoteMismatch]:
+    """The markers of ``text`` whose stale note is not :func:`stale_note` of their runs."""
+    found = []
+    for match, stales in _stale_markers(text):
+        note = STALE_NOTE.match(text, match.end())
+        written = note[0] if note else ""
+        if written != (rendered := stale_note(stales, match.re is TABLE)):
+            found.append(NoteMismatch(text.count("\n", 0, match.start()) + 1, written, rendered))
+    return found
 
 
 @dataclass(frozen=True)
@@ -346,12 +394,19 @@ def mismatches(text: str) -> list[Mismatch]:
 
 
 def render(text: str) -> str:
-    """``text`` with every marker's number rewritten from its file."""
+    """``text`` with every marker's number rewritten from its file, and stale notes after
+    the stale ones (:func:`stale_note`)."""
+    text = without_notes(text)
     pieces, at = [], 0
     for match, rendered in sorted(_markers(text), key=lambda pair: pair[0].start()):
         pieces += [text[at:match.start("text")], rendered]
         at = match.end("text")
-    return "".join(pieces) + text[at:]
+    text = "".join(pieces) + text[at:]
+    notes = sorted(((match.end(), stale_note(stales, match.re is TABLE))
+                    for match, stales in _stale_markers(text)), reverse=True)
+    for end, note in notes:
+        text = text[:end] + note + text[end:]
+    return text
 
 
 def pages() -> list[Path]:
@@ -360,22 +415,25 @@ def pages() -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite every page's measured numbers, or with ``--check`` list the stale ones."""
+    """Rewrite every page's measured numbers and stale notes, or with ``--check`` list the
+    numbers that disagree with their files, the missing notes and the stale numbers."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="list mismatches and stale numbers, change nothing")
     args = parser.parse_args(argv)
-    stale = 0
+    problems = 0
     for page in pages():
         text = page.read_text()
         if args.check:
-            for problem in [*mismatches(text), *stale_numbers(text)]:
+            for problem in [*mismatches(text), *note_mismatches(text)]:
                 print(f"{page.relative_to(ROOT)}: {problem}")
-                stale += 1
+                problems += 1
+            for number in stale_numbers(text):
+                print(f"{page.relative_to(ROOT)}: {number}")
         elif (new := render(text)) != text:
             page.write_text(new)
             print(f"rendered {page.relative_to(ROOT)}")
-    return 1 if stale else 0
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

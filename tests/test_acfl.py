@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -17,8 +18,11 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 
 from fl_clusters import protocol as p
 from fl_clusters.data import FASHION_MNIST_ROOT
+from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.strategies import ACFL
 from tests.conftest import NodesOnly, train_reply, two_layer_model
+from tests.loopback_runs import NUM_CLIENTS as LOOPBACK_CLIENTS
+from tests.loopback_runs import in_process_server, loopback_run
 
 
 class ScoringGrid:
@@ -155,3 +159,47 @@ def test_a_phase_1_budget_the_run_cannot_reach_is_named_at_the_start(
     assert ("phase1_rounds=10 is not below the run's 10 rounds" in caplog.text
             and "pass e.g. ACFL(phase1_rounds=3) (run-config acfl-phase1-rounds=3)"
             in caplog.text)
+
+
+class TrainLog(LoopbackGrid):
+    """A LoopbackGrid that records each batch of phase 2's train messages: (node, epochs).
+
+    A round's training names the node's cluster (``assigned``); phase 2's does not.
+    """
+
+    batches: ClassVar[list[list[tuple[int, int]]]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        configs = [(m.metadata.dst_node_id, m.content.config_records[p.CONFIG])
+                   for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        trains = [(node, int(config[p.CFG_EPOCHS]))  # type: ignore[arg-type]
+                  for node, config in configs if p.CFG_ASSIGNED not in config]
+        if trains:
+            TrainLog.batches.append(trains)
+        return super().push_messages(messages)
+
+
+def test_paper_acfl_trains_each_candidate_in_a_federation_with_its_cluster(
+    tmp_path: Path,
+) -> None:
+    """Eq. 8 under ``preset='paper'``: a trial trains the cluster plus the candidate.
+
+    After the local-only round (every node once), each trial sends the phase-1
+    model to the open cluster's members and the candidate, with the paper's 15
+    local epochs, and scores their average.
+    """
+    TrainLog.batches = []
+    with in_process_server():
+        summary = loopback_run({"strategy": "acfl", "preset": "paper", "num-rounds": 2,
+                                "acfl-phase1-rounds": 1}, tmp_path, TrainLog)
+    assert "trial_from_local_models" in summary["preset_rules"]
+    assert summary["preset_changes"]["trial_epochs"] == 15
+    local_only, trials = TrainLog.batches[0], TrainLog.batches[1:]
+    assert {epochs for batch in TrainLog.batches for _, epochs in batch} == {15}
+    assert len(local_only) == LOOPBACK_CLIENTS
+    assert len(trials) == summary["trial_evaluations"] >= 1
+    # Each trial is the cluster (its start client at least) plus the candidate.
+    assert all(len(trial) >= 2 for trial in trials)
+    assert all(len({node for node, _ in trial}) == len(trial) for trial in trials)
+    assert summary["trial_train_messages"] == LOOPBACK_CLIENTS + sum(map(len, trials))

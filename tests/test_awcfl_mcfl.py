@@ -7,6 +7,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
+from fl_clusters.client.choice import mcfl_choice
 from fl_clusters.metrics import density_clustering_scores, mcfl_scores
 from fl_clusters.strategies import CFL, IFCA
 from tests.conftest import StubGrid
@@ -100,6 +101,46 @@ def test_mcfl_sends_member_feature_means_at_evaluation(server_identity: None) ->
         assert p.CLUSTERS in msg.content.array_records  # every node gets every model
 
 
+@pytest.mark.parametrize(("preset", "samples"), [("robust", None), ("paper", 5)])
+def test_paper_mcfl_chooses_by_n_sampled_test_inputs(
+    server_identity: None, preset: str, samples: int | None,
+) -> None:
+    grid = StubGrid([1, 2, 3, 4], {1: [0.0], 2: [2.0], 3: [10.0], 4: [12.0]})
+    strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True,
+                    mcfl_feature_samples=5, preset=preset)
+    strategy.collect_features(grid, grid.nodes)  # type: ignore[arg-type]
+    packed = _train_round(strategy, grid)
+    messages = strategy.configure_evaluate(1, packed, ConfigRecord(), grid)  # type: ignore[arg-type]
+    # The client averages this many sampled test inputs (fl_clusters/client/choice.py);
+    # without it, all of them.
+    assert {msg.content.config_records[p.CONFIG].get(p.CFG_NUM_SAMPLES)
+            for msg in messages} == {samples}
+
+
+class _Inputs:
+    """A learner whose test split is 100 inputs; it records how many it averaged."""
+
+    averaged: list[int]
+
+    def num_examples(self, split: str = "train") -> int:
+        return 100
+
+    def feature_mean(self, split: str, num_samples: int, seed: int = 0) -> np.ndarray:
+        self.averaged.append(num_samples)
+        return np.zeros(1)
+
+
+@pytest.mark.parametrize(("config", "averaged"), [({}, 100), ({p.CFG_NUM_SAMPLES: 5}, 5)])
+def test_an_mcfl_client_averages_the_inputs_the_server_names(
+    config: dict[str, int], averaged: int,
+) -> None:
+    learner = _Inputs()
+    learner.averaged = []
+    choice = mcfl_choice(learner, 2, ConfigRecord({  # type: ignore[arg-type]
+        p.CFG_MCFL_CLUSTERS: [0, 1], p.CFG_MCFL_FEATURES: [3.0, 0.5], **config}), "test")
+    assert (choice, learner.averaged) == (1, [averaged])
+
+
 def test_mcfl_rejects_features_of_the_wrong_length(server_identity: None) -> None:
     grid = StubGrid([1, 2], {1: [0.0, 1.0], 2: [0.0, 1.0, 2.0]})
     strategy = IFCA(num_clusters=2, restarts=1, init="random", mcfl=True)
@@ -133,9 +174,9 @@ def _filled(value: float) -> ArrayRecord:
     return p.numpy_to_record(["w"], [np.full(3, value, np.float32)])
 
 
-def _trained(node: int, value: float) -> Message:
+def _trained(node: int, value: float, examples: int = 10) -> Message:
     request = Message(RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN)
-    metrics = MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5})
+    metrics = MetricRecord({p.M_NUM_EXAMPLES: examples, p.M_TRAIN_LOSS: 0.5})
     return Message(RecordDict({p.ARRAYS: _filled(value), p.METRICS: metrics}), reply_to=request)
 
 
@@ -153,6 +194,23 @@ def test_awcfl_leaves_a_cluster_without_members_out_of_the_mix() -> None:
     # The idle cluster keeps its model instead of moving to the others' mean
     # (the old mix gave 0.25 * (2 + 4) + 0.5 * 100 = 51.5).
     np.testing.assert_allclose(models[2], 100.0)
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_paper_awcfl_mixes_the_plain_mean_of_a_clusters_members() -> None:
+    old = [_filled(0.0), _filled(0.0)]
+    groups = {0: [_trained(1, 0.0, examples=10), _trained(2, 4.0, examples=30)],
+              1: [_trained(3, 8.0)]}
+    models = {preset: [m["w"].numpy()[0] for m in p.unpack_clusters(
+        CFL(awcfl_beta=0.5, preset=preset).aggregate_clusters(old, groups)[0])]
+        for preset in ("robust", "paper")}
+    # Own term: example-weighted (0 x 10 + 4 x 30) / 40 = 3, or the paper's plain mean 2;
+    # then 0.5 x the other cluster (8) + 0.5 x the own term.
+    np.testing.assert_allclose(models["robust"][0], 4.0 + 1.5)
+    np.testing.assert_allclose(models["paper"][0], 4.0 + 1.0)
+    # Without mixing, a cluster averages as FedAvg does under either preset.
+    plain = CFL(preset="paper").aggregate_clusters(old, groups)[0]
+    np.testing.assert_allclose(p.unpack_clusters(plain)[0]["w"].numpy()[0], 3.0)
 
 
 @pytest.mark.usefixtures("server_identity")

@@ -27,7 +27,7 @@ import pytest
 from fl_clusters.checkpoint import CHECKPOINT_FILE
 from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.strategies.kit import REQUIRED, ClusteredStrategy, registered
-from fl_clusters.strategies.params import SAME
+from fl_clusters.strategies.params import departs
 from fl_clusters.strategies.registry import build_strategy
 from tests.loopback_runs import NUM_CLIENTS, ChurnGrid, in_process_server, loopback_run
 
@@ -116,11 +116,10 @@ def test_builds_from_its_declarations(name: str) -> None:
 def test_builds_with_the_paper_preset(name: str) -> None:
     cls = ClusteredStrategy.registry[name]
     built = build_strategy(_settings(name, preset="paper"))
-    departs = {param.name: param.paper for param in cls.declared_params()
-               if param.paper is not SAME}
+    changes = {param.name: param.paper for param in cls.declared_params() if departs(param)}
     assert built.preset == "paper"
-    assert built.preset_changes == departs
-    for argument, value in departs.items():
+    assert built.preset_changes == changes
+    for argument, value in changes.items():
         assert getattr(built, argument) == value, argument
 
 

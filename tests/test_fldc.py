@@ -6,11 +6,14 @@ import json
 
 import numpy as np
 import pytest
+from flwr.app import ArrayRecord, ConfigRecord
 
+from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, silhouette_eps
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies import FLDC, IFCA
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import StubGrid, train_reply
 
 
 def _blobs() -> np.ndarray:
@@ -75,6 +78,29 @@ def test_fldc_builder_and_bad_settings() -> None:
         build_strategy({**settings, "fldc-min-pts": 1})
     ifca = build_strategy({**settings, "strategy": "ifca", "mcfl": True, "awcfl-beta": 0.5})
     assert isinstance(ifca, IFCA) and ifca.mcfl and ifca.awcfl_beta == 0.5
+
+
+def _round0_model(preset: str) -> ArrayRecord:
+    """FLDC's global model after round 0, four nodes in two groups of two."""
+    def filled(value: float) -> ArrayRecord:
+        return p.numpy_to_record(["w"], [np.full(2, value, np.float32)])
+
+    trained = {1: 0.0, 2: 0.1, 3: 5.0, 4: 5.1}
+    fldc = FLDC(min_pts=2, eps=1.0, preset=preset)
+    requests = fldc.configure_train(1, filled(0.0), ConfigRecord(), StubGrid([1, 2, 3, 4]))  # type: ignore[arg-type]
+    replies = [train_reply(request, filled(trained[request.metadata.dst_node_id]), 10, None)
+               for request in requests]
+    model, _ = fldc.aggregate_train(1, replies)
+    assert fldc.clustering is not None and fldc.clustering.num_clusters_ == 2
+    assert model is not None
+    return model
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_paper_fldc_round_0_only_clusters() -> None:
+    # Robust: the round-0 models' average; the paper's Algorithm 1: the initial model.
+    np.testing.assert_allclose(_round0_model("robust")["w"].numpy(), 2.55)
+    np.testing.assert_allclose(_round0_model("paper")["w"].numpy(), 0.0)
 
 
 # ------------------------------------------------------------ real federations

@@ -2,33 +2,51 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from typing import Any
 
+import numpy as np
 import pytest
 
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM
-from fl_clusters.strategies.params import SAME, Param, ParamError
+from fl_clusters.strategies.behaviours import Behaviour
+from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError, departs
 from fl_clusters.strategies.registry import build_strategy
 from tests.conftest import Federation
 
+# What every strategy records of its preset: not a difference of the algorithm.
+PRESET_RECORDS = {"preset", "preset_changes", "preset_kept", "preset_rules"}
+
 
 def departures(cls: type[ClusteredStrategy]) -> dict[str, Param]:
-    return {param.name: param for param in cls.declared_params() if param.paper is not SAME}
+    return {param.name: param for param in cls.declared_params() if departs(param)}
 
 
 def test_every_departure_from_the_paper_is_declared_with_its_reason() -> None:
     found = {name: sorted(departures(cls)) for name, cls in ClusteredStrategy.registry.items()}
     # The departures the robust defaults make; a new one must be declared (and so
     # appear in docs/paper-fidelity.md), never slipped in as a plain default.
-    assert found["ifca"] == ["aggregation", "init", "reseed_after"]
-    assert found["cfl"] == ["gate", "min_silhouette"]
-    assert found["acfl"] == ["gate", "incentive_threshold"]
+    assert found["ifca"] == ["aggregation", "init", "reseed_after", "restarts"]
+    assert found["cfl"] == ["eps2", "gate", "min_silhouette"]
+    assert found["acfl"] == ["gate", "incentive_threshold", "trial_epochs"]
     assert found["flhc"] == ["threshold"]
     assert found["fedem"] == ["init"]
     for cls in ClusteredStrategy.registry.values():
         for param in departures(cls).values():
-            assert param.why and param.paper != param.default
+            assert param.why and param.source and param.paper != param.default
             param.check(param.paper)
+
+
+def test_a_departure_without_a_reason_or_source_cannot_be_declared() -> None:
+    with pytest.raises(ValueError, match="reason and its source"):
+        Param("init", "local-kmeans", "str", "start", choices=("local-kmeans", "random"),
+              paper="random", why="a reason")
+    with pytest.raises(ValueError, match="reason and its source"):
+        Param("steps", 5, "int", "steps", paper=NOT_GIVEN, source="section 2")
+    with pytest.raises(ValueError, match="needs its why, source"):
+        Behaviour("rule", "the paper's rule", "ours", "", "")
 
 
 def test_a_departure_without_a_reason_cannot_be_declared() -> None:
@@ -37,7 +55,7 @@ def test_a_departure_without_a_reason_cannot_be_declared() -> None:
               paper="random")
     with pytest.raises(ParamError):
         Param("init", "local-kmeans", "str", "start", choices=("local-kmeans", "random"),
-              paper="kmeans++", why="a reason")
+              paper="kmeans++", why="a reason", source="a section")
 
 
 @pytest.mark.parametrize("cls", [IFCA, CFL, FLHC, FedEM])
@@ -64,7 +82,8 @@ def test_an_argument_the_caller_names_is_kept_even_at_its_default(
     with caplog.at_level(logging.INFO, logger="flwr"):
         strategy = IFCA(preset="paper", init="local-kmeans")
     assert strategy.init == "local-kmeans"
-    assert strategy.preset_changes == {"aggregation": "paper", "reseed_after": 0}
+    assert strategy.preset_changes == {"aggregation": "paper", "restarts": 10,
+                                       "reseed_after": 0}
     assert strategy.preset_fields()["preset_kept"] == {
         "init": {"value": "local-kmeans", "paper": "random"}}
     assert "init='local-kmeans', the paper's 'random'" in caplog.text
@@ -84,7 +103,8 @@ def test_a_run_config_value_apart_from_the_keys_default_is_the_users() -> None:
         {"strategy": "ifca", "preset": "paper", "ifca-init": "local-kmeans",
          "ifca-reseed-after": 5, "num-clusters": 2}))
     assert (strategy.init, strategy.reseed_after, strategy.num_clusters) == ("random", 5, 2)
-    assert strategy.preset_changes == {"aggregation": "paper", "init": "random"}
+    assert strategy.preset_changes == {"aggregation": "paper", "init": "random",
+                                       "restarts": 10}
     assert strategy.preset_kept == {"reseed_after": {"value": 5, "paper": 0}}
     assert strategy.user_arguments == {"preset", "reseed_after", "num_clusters"}
 
@@ -104,3 +124,164 @@ def test_a_paper_run_records_its_preset_in_the_summary(federation: Federation) -
     assert summary["preset"] == "paper"
     assert summary["preset_changes"] == {"threshold": "absolute"}
     assert summary["preset_kept"] == {}
+    assert summary["preset_rules"] == ["awcfl_example_weights", "mcfl_all_test_inputs"]
+
+
+def _differences(first: Any, second: Any, path: str) -> set[str]:
+    """The paths (``hierarchy.threshold``) at which two values built alike differ."""
+    if type(first) is not type(second):
+        return {path}
+    if isinstance(first, np.ndarray):
+        same = first.shape == second.shape and bool(np.array_equal(first, second))
+        return set() if same else {path}
+    if isinstance(first, np.random.Generator):
+        return set() if first.bit_generator.state == second.bit_generator.state else {path}
+    if isinstance(first, dict):
+        if first.keys() != second.keys():
+            return {path}
+        return set().union(*(_differences(first[key], second[key], f"{path}.{key}")
+                             for key in first))
+    if isinstance(first, list | tuple):
+        if len(first) != len(second):
+            return {path}
+        return set().union(*(_differences(a, b, f"{path}.{i}")
+                             for i, (a, b) in enumerate(zip(first, second, strict=True))))
+    if hasattr(first, "__dict__") and not isinstance(first, type):
+        return _differences(vars(first), vars(second), path)
+    return set() if first == second else {path}
+
+
+def preset_differences(cls: type[ClusteredStrategy]) -> set[str]:
+    """Where ``cls`` built under the two presets differs: attribute paths.
+
+    Both are built with every required argument (an int, 2) and ``preset`` named,
+    so that only the preset tells them apart.
+    """
+    required = {param.name: 2 for param in cls.declared_params() if param.default is REQUIRED}
+    robust, paper = cls(preset="robust", **required), cls(preset="paper", **required)
+    return {path.lstrip(".") for path in _differences(vars(robust), vars(paper), "")
+            if path.lstrip(".").split(".")[0] not in PRESET_RECORDS}
+
+
+def declared_differences(cls: type[ClusteredStrategy]) -> set[str]:
+    """The attributes its declarations let the presets set apart: parameters and rules."""
+    return set(departures(cls)) | {
+        rule.name for rule in cls.declared_behaviours() if rule.switched}
+
+
+def undeclared(cls: type[ClusteredStrategy]) -> set[str]:
+    """The differences no declaration names: a path none of whose attributes is declared.
+
+    A value built from a declared one (FL+HC's ``hierarchy.threshold``) is covered
+    by its name.
+    """
+    declared = declared_differences(cls)
+    return {path for path in preset_differences(cls) if not set(path.split(".")) & declared}
+
+
+@pytest.mark.parametrize("name", sorted(ClusteredStrategy.registry))
+def test_the_presets_differ_only_where_a_parameter_or_rule_is_declared(name: str) -> None:
+    cls = ClusteredStrategy.registry[name]
+    assert undeclared(cls) == set(), (
+        f"{cls.__name__}'s presets differ in {sorted(undeclared(cls))}, which no "
+        "Param(paper=...) or Behaviour declares (docs/paper-fidelity.md would not show it)")
+    # And every declaration tells the presets apart: none is left over from old code.
+    assert declared_differences(cls) - preset_differences(cls) == set()
+
+
+class _PlantedRule(IFCA):
+    """IFCA with a rule only its paper preset runs, and no declaration of it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.extra_restart_rule = self.preset == "paper"
+
+
+class _PlantedSeed(IFCA):
+    """IFCA whose paper preset draws from another seed: a difference inside an object."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if self.preset == "paper":
+            self.rng = np.random.default_rng(self.seed + 1)
+
+
+def test_an_undeclared_difference_between_the_presets_is_found() -> None:
+    assert undeclared(_PlantedRule) == {"extra_restart_rule"}
+    # Inside an object too: the generator's state.
+    assert undeclared(_PlantedSeed) == {"rng"}
+
+
+def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyPatch) -> None:
+    rule = Behaviour("extra_restart_rule", "the paper's rule", "the library's rule",
+                     "a reason", "a section")
+    monkeypatch.setattr(_PlantedRule, "behaviours", (rule,), raising=False)
+    assert undeclared(_PlantedRule) == set()
+    assert "extra_restart_rule" in preset_differences(_PlantedRule)
+
+
+def paper_declarations(klass: type) -> list[list[str]]:
+    """What ``klass``'s own declarations make ``preset="paper"`` compute: paper values, rules."""
+    own = vars(klass)
+    values = [[param.name, repr(param.paper)] for param in own.get("params", ()) if departs(param)]
+    rules = [[rule.name, rule.paper_rule] for rule in own.get("behaviours", ()) if rule.switched]
+    return values + rules
+
+
+def paper_digests() -> dict[str, tuple[int, str]]:
+    """Each declaring class's own paper revision and digest of :func:`paper_declarations`."""
+    classes = {klass for cls in ClusteredStrategy.registry.values() for klass in cls.__mro__}
+    digests = {}
+    for klass in classes:
+        declarations = paper_declarations(klass)
+        if declarations or vars(klass).get("paper_revision", 1) > 1:
+            text = json.dumps(declarations, sort_keys=True)
+            digests[klass.__name__] = (vars(klass).get("paper_revision", 1),
+                                       hashlib.sha256(text.encode()).hexdigest()[:12])
+    return digests
+
+
+# Each class's paper revision and the digest of what its preset="paper" declares,
+# as of that revision: a change to the declarations must raise the revision, so
+# that the sweep runs made before it are stale (fl_clusters.sweep.cells).
+PAPER_DIGESTS = {
+    "ACFL": (2, "3215aa7feea8"),
+    "AWCFLOption": (2, "55cd70db821b"),
+    "CFL": (2, "6efde5a95179"),
+    "FLDC": (2, "391393afd046"),
+    "FLHC": (1, "25f86a6e2248"),
+    "FedEM": (1, "14aef8b2a54c"),
+    "IFCA": (2, "d86856d1958b"),
+    "MCFLOption": (2, "61198e162e77"),
+}
+
+
+def forgotten_revisions(digests: dict[str, tuple[int, str]]) -> list[str]:
+    """The classes whose paper declarations changed from PAPER_DIGESTS at the same revision."""
+    return sorted(name for name, (revision, digest) in digests.items()
+                  if name in PAPER_DIGESTS and PAPER_DIGESTS[name][0] == revision
+                  and PAPER_DIGESTS[name][1] != digest)
+
+
+def test_a_change_to_what_the_paper_preset_computes_raises_its_revision() -> None:
+    digests = paper_digests()
+    forgotten = forgotten_revisions(digests)
+    assert not forgotten, "; ".join(
+        f"preset='paper' of {name} changed: bump its paper revision (paper_revision = "
+        f"{digests[name][0] + 1}) and update the digest here; a change of wording alone: "
+        "update the digest only" for name in forgotten)
+    assert digests == PAPER_DIGESTS, (
+        f"update PAPER_DIGESTS in tests/test_presets.py to {digests!r}")
+
+
+def test_a_paper_value_changed_at_the_same_revision_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dataclasses import replace
+
+    params = tuple(replace(param, paper=1.7) if param.name == "eps2" else param
+                   for param in CFL.params)
+    monkeypatch.setattr(CFL, "params", params)
+    assert forgotten_revisions(paper_digests()) == ["CFL"]
+    monkeypatch.setattr(CFL, "paper_revision", CFL.paper_revision + 1)
+    assert forgotten_revisions(paper_digests()) == []

@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from fl_clusters.strategies import CFL, FLHC
+from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
-from fl_clusters.sweep.cells import SettingChange, cell_key, resolve_federation
+from fl_clusters.sweep.cells import PAPER_REVISION, SettingChange, cell_key, resolve_federation
 from fl_clusters.sweep.cli import main, sweep_main
 from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.merge import MergeError, merge_runs
@@ -251,6 +253,35 @@ def test_a_run_is_stale_only_when_a_setting_it_used_has_another_value_now(
     result = merge_runs(sweep, here, other)
     assert (result.added, result.already_recorded) == ([ifca.key], [cfl.key])
     assert stale_runs(sweep, read_runs(here / "runs.jsonl")) == []
+
+
+def test_a_paper_preset_run_is_stale_when_its_strategys_paper_revision_rose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sweep = parse('[grid]\nstrategy = ["cfl", "flhc"]\npreset = ["paper", "robust"]\nseed = [0]')
+    cells = {(cell.labels["strategy"], cell.labels["preset"]): cell for cell in sweep.cells}
+    # Lines recorded before the key existed: each ran its preset's revision 1.
+    before = {name: {k: v for k, v in cell.recorded_settings.items() if k != PAPER_REVISION}
+              for name, cell in cells.items()}
+    assert cells["cfl", "paper"].recorded_settings[PAPER_REVISION] == CFL.paper_revision
+    assert CFL.paper_revision > 1 and "paper_revision" not in vars(FLHC)
+    assert PAPER_REVISION not in cells["cfl", "robust"].recorded_settings
+    assert [str(c) for c in cells["cfl", "paper"].changed_settings(before["cfl", "paper"])] == [
+        f"paper-revision=1, now {CFL.paper_revision}"]
+    assert cells["flhc", "paper"].changed_settings(before["flhc", "paper"]) == []
+    assert cells["cfl", "robust"].changed_settings(before["cfl", "robust"]) == []
+    # A line of the current revision is current; a later rise stales it, never a robust run.
+    current = {name: cell.recorded_settings for name, cell in cells.items()}
+    assert all(cell.changed_settings(current[name]) == [] for name, cell in cells.items())
+    monkeypatch.setattr(FLHC, "paper_revision", 2, raising=False)
+    stale = [name for name, cell in cells.items() if cell.changed_settings(current[name])]
+    assert stale == [("flhc", "paper")]
+    # An option's rules count only in the runs that switch it on.
+    with_mcfl = parse('[grid]\nstrategy = ["flhc"]\npreset = ["paper"]\nmcfl = [true, false]')
+    on, off = with_mcfl.cells
+    assert MCFLOption.paper_revision > 1
+    assert (on.recorded_settings[PAPER_REVISION] - off.recorded_settings[PAPER_REVISION]
+            == MCFLOption.paper_revision - 1)
 
 
 def test_rekeying_gives_old_lines_todays_keys_and_their_folders(tmp_path: Path) -> None:

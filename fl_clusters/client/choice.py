@@ -107,13 +107,15 @@ def mcfl_choice(
 
     ``None`` when the server sent no cluster features. Only the inputs of the
     split are read, never its labels: the paper's choice at inference time, where
-    a client knows what its data look like but not their labels.
+    a client knows what its data look like but not their labels. The mean is over
+    ``num-samples`` sampled inputs when the config names it, else over all.
     """
     if p.CFG_MCFL_FEATURES not in config:
         return None
     clusters = np.asarray(config.get(p.CFG_MCFL_CLUSTERS, []), dtype=np.int64)
     features = np.asarray(config[p.CFG_MCFL_FEATURES], dtype=np.float64)
-    query = learner.feature_mean(split, learner.num_examples(split))
+    query = learner.feature_mean(
+        split, int(config.get(p.CFG_NUM_SAMPLES, learner.num_examples(split))))  # type: ignore[arg-type]
     if (
         clusters.size == 0
         or features.size != clusters.size * query.size

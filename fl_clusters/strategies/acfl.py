@@ -19,9 +19,15 @@ from fl_clusters.clustering import (
     pairwise_cosine,
     update_norms,
 )
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.params import NOT_GIVEN, Param
 from fl_clusters.strategies.replies import average_replies, reply_updates
+
+# The paper's text, as the sources below cite it (docs/paper-fidelity.md).
+SEED_TEXT = "Zhu et al. 2024 (seed 003)"
+ACFL_NORM_RANGES = (f"{SEED_TEXT}, section 4.4: the mean and the largest update norm must "
+                    "fall 'within specific hyper-parameter ranges'; none is given")
 
 
 class ACFL(HardClusteredStrategy):
@@ -40,7 +46,10 @@ class ACFL(HardClusteredStrategy):
     Each node trains its local-only model once (``trial_epochs`` epochs from the
     phase-1 model) and scores it on its validation split. A trial reuses these
     models: their example-weighted average is scored on each member's validation
-    split, with no training. A member with no valid score is asked once more, then
+    split, with no training. Under ``preset="paper"`` a trial is the paper's
+    federation (eq. 8): the cluster plus the candidate each train the phase-1
+    model for ``trial_epochs`` epochs, and their average is scored (see
+    ``behaviours``). A member with no valid score is asked once more, then
     left out of the incentive (gain 0), never scored 0. The summary counts phase
     2's cost (``trial_messages``, ``trial_train_messages``,
     ``trial_failed_members``) and says whether phase 1 ended (``phase1_ended``).
@@ -70,7 +79,8 @@ class ACFL(HardClusteredStrategy):
         unless the norms level off, phase 1 never ends and the run is FedAvg.
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
-        Small clients need many: 60 epochs of ~63 samples are 120 SGD steps.
+        Small clients need many: 60 epochs of ~63 samples are 120 SGD steps (the
+        paper's clients train 15).
     incentive_threshold : str (default: "noise")
         ``"beta"``: a candidate joins when the trial group's incentive is at least
         ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
@@ -88,37 +98,97 @@ class ACFL(HardClusteredStrategy):
     """
 
     name = "acfl"
+    paper_revision = 2
     paper = "Zhu et al., J. on Communications 2024"
     client_needs = ("`loaders` returning `(train, validation, test)`; `phase1_rounds` below "
                     "the run's rounds (below)")
     params = (
         Param("beta", -0.17, "float",
               "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)"),
-        Param("max_rejections", 3, "int", "ACFL: close a cluster after m misses", low=1),
+        Param("max_rejections", 3, "int", "ACFL: close a cluster after m misses", low=1,
+              paper=NOT_GIVEN, source=f"{SEED_TEXT}, section 4.2 (Algorithm 1, steps 6 and 9): m "
+              "changes with the unplaced clients 'within a range'; no value is given",
+              why="three misses in a row end a walk down a similarity-sorted list, where "
+              "the members of the open cluster come first"),
         Param("gate", "relative", "str",
               "ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
               choices=("relative", "absolute"), paper="absolute",
               why="the absolute thresholds ended phase 1 at round 2, from a random model's "
               "first updates; the relative gate waits until the mean update norm levels off "
-              "(a trained FedAvg model, as the paper intends)"),
+              "(a trained FedAvg model, as the paper intends)",
+              source=f"{SEED_TEXT}, section 4.4: phase 1 ends when the mean and the largest "
+              "update norm fall in set ranges"),
         Param("converge_window", 2, "int",
               "ACFL relative gate: rounds averaged on each side of the comparison", low=1),
         Param("converge_tolerance", 0.1, "float",
               "ACFL relative gate: converged when the mean norm changes by less than this",
               above=0.0, below=1.0),
-        Param("mean_norm_max", 0.4, "float", "ACFL phase 1: mean norm below", low=0.0),
-        Param("max_norm_min", 0.0, "float", "ACFL phase 1: max norm above", low=0.0),
-        Param("phase1_rounds", 10, "int", "ACFL phase 1 round budget", low=1),
-        Param("trial_epochs", 60, "int", "ACFL trial federation local epochs", low=1),
+        Param("mean_norm_max", 0.4, "float", "ACFL phase 1: mean norm below", low=0.0,
+              paper=NOT_GIVEN, source=ACFL_NORM_RANGES,
+              why="it is CFL's eps1 from its authors' demo, the same test on the mean "
+              "update norm"),
+        Param("max_norm_min", 0.0, "float", "ACFL phase 1: max norm above", low=0.0,
+              paper=NOT_GIVEN, source=ACFL_NORM_RANGES,
+              why="0 leaves the decision to the mean norm: any client still moving passes"),
+        Param("phase1_rounds", 10, "int", "ACFL phase 1 round budget", low=1,
+              paper=NOT_GIVEN, source=f"{SEED_TEXT}, sections 4.4 and 5.3: no cap "
+              "on phase 1; its runs clustered at round 40 (figure 5)",
+              why="the bundled runs are 10-20 rounds: a gate that never opened would leave "
+              "them plain FedAvg"),
+        Param("trial_epochs", 60, "int", "ACFL trial federation local epochs", low=1,
+              paper=15, source=f"{SEED_TEXT}, section 5.1: 15 local epochs, "
+              "batch 128, lr 0.1",
+              why="small clients need many: 60 epochs of ~63 samples are 120 SGD steps, "
+              "where the paper's ~3,000 samples a client make 15 epochs ~350 steps"),
         Param("incentive_threshold", "noise", "str",
               "ACFL: a candidate joins when the incentive and the candidate's own gain are "
               "each >= -acfl-noise-z standard errors (noise), or when the incentive is >= "
               "acfl-beta (beta, the paper)", choices=INCENTIVE_THRESHOLDS, paper="beta",
               why="a fixed beta on summed accuracy admits a newcomer that federating harms "
               "when its hosts gain a little each; the noise rule asks the incentive and the "
-              "newcomer's own gain to be within the noise of the validation accuracies"),
+              "newcomer's own gain to be within the noise of the validation accuracies",
+              source=f"{SEED_TEXT}, section 4.2, eq. 8 (beta_best = -0.17)"),
         Param("noise_z", 2.0, "float",
               "ACFL noise threshold: tolerance in standard errors of the incentive", low=0.0),
+    )
+    behaviours = (
+        Behaviour(
+            "trial_from_local_models",
+            paper_rule="each trial is a federation of the cluster plus the candidate: every "
+            "member trains the phase-1 model for trial_epochs local epochs, the server "
+            "averages their models, and each member scores the average (eq. 8); the paper "
+            "does not say how many rounds a trial runs: one here",
+            robust_rule="a trial averages the members' local-only models (trained once per "
+            "node, trial_epochs epochs from the phase-1 model) and scores that average: no "
+            "training per trial",
+            why="one round of the group from the phase-1 model is that average up to the "
+            "clients' batch sampling, reached with one train message per node instead of "
+            "one per member per trial",
+            source=f"{SEED_TEXT}, section 4.2, eq. 8 and Algorithm 1 step 4"),
+        Behaviour(
+            "trial_scores_on_validation",
+            paper_rule="a trial is scored on each member's local test set",
+            robust_rule="a trial is scored on each member's validation split", switch=False,
+            why="a cluster chosen by test accuracy would leak the test labels into the "
+            "model each client is scored with",
+            source=f"{SEED_TEXT}, section 4.2 (eval_glo: accuracy on the local test set)"),
+        Behaviour(
+            "rejection_schedule", paper_rule="",
+            robust_rule="m = max(1, ceil(max_rejections x U / N)), U the clients unplaced "
+            "outside the open cluster: m starts at max_rejections and shrinks as clients "
+            "are placed",
+            why="the paper says only that m changes with the unplaced clients within a "
+            "range; a share of max_rejections proportional to them shortens the walk once "
+            "few remain",
+            source=f"{SEED_TEXT}, section 4.2 (Algorithm 1 step 6)"),
+        Behaviour(
+            "phase3_start", paper_rule="",
+            robust_rule="each cluster's phase-3 model starts as its members' averaged "
+            "local-only models",
+            why="those models were trained on the cluster's own data: a closer start than "
+            "the phase-1 model",
+            source=f"{SEED_TEXT}, section 4.4 (Algorithm 2 step 12: FedAvg inside each "
+            "cluster; its start is not given)"),
     )
 
     def __init__(
@@ -157,6 +227,8 @@ class ACFL(HardClusteredStrategy):
         # cluster's mean phase-1 update.
         self._direction_start = ArrayRecord()
         self._directions: np.ndarray | None = None
+        self._trial_start = ArrayRecord()
+        self._trial_config = ConfigRecord()
 
     # ----------------------------------------------------------------- training
     def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
@@ -265,6 +337,8 @@ class ACFL(HardClusteredStrategy):
         trial_config = self.round_config(config, server_round)
         trial_config[p.CFG_EPOCHS] = self.trial_epochs
         trial_config[p.CFG_STEPS] = 0
+        # The paper's trials train the group anew from the phase-1 model.
+        self._trial_start, self._trial_config = model, trial_config
         # Local-only models and their validation accuracy, once per node: the same
         # training as a trial, for a group of one.
         local_models = self._train_group(self._last_nodes, model, trial_config, grid)
@@ -304,10 +378,14 @@ class ACFL(HardClusteredStrategy):
         local_acc: dict[int, float],
         grid: Grid,
     ) -> None:
-        """Score one trial federation (a cluster plus its candidate) and report it."""
-        # A trial reuses the members' local-only models: their weighted average
-        # is scored on each member's validation split, with no training.
-        trial_model = average_replies([local_models[n] for n in members])
+        """Score one trial federation (a cluster plus its candidate) and report it.
+
+        Its model is the members' local-only models averaged, or under the paper's
+        rule (``trial_from_local_models`` False) a round of the group trained anew.
+        """
+        trial_model = (average_replies([local_models[n] for n in members])
+                       if self.trial_from_local_models
+                       else self._trial_federation(members, local_models, grid))
         global_acc = self._trial_accuracy(members, trial_model, grid)
         # A member with no score after a retry is left out of the incentive (gain 0):
         # scoring it 0 would read a lost message as a harmful federation.
@@ -324,6 +402,22 @@ class ACFL(HardClusteredStrategy):
             float((group_acc - own_acc).sum()), threshold,
             float(group_acc[-1] - own_acc[-1]), int(sizes[-1]), members[-1],
             "joins" if accepted else "is rejected")
+
+    def _trial_federation(
+        self, members: list[int], local_models: dict[int, Message], grid: Grid
+    ) -> ArrayRecord:
+        """The paper's trial: one round of the group from the phase-1 model, averaged.
+
+        A member whose training fails counts in ``trial_failed_members`` and joins
+        the average with its local-only model, trained the same way once before.
+        """
+        trained = self._train_group(members, self._trial_start, self._trial_config, grid)
+        failed = [n for n in members if n not in trained]
+        if failed:
+            self.trial_failed_members += len(failed)
+            log(WARNING, "ACFL trial federation: nodes %s did not train; their local-only "
+                "models stand in", failed)
+        return average_replies([trained.get(n, local_models[n]) for n in members])
 
     def _adopt_clusters(
         self,
@@ -411,7 +505,8 @@ class ACFL(HardClusteredStrategy):
 
         ``trial_messages`` counts phase 2's evaluate messages (local-only scores and
         trials), ``trial_train_messages`` its train messages (one local-only model
-        per node, ``trial_epochs`` epochs each).
+        per node, ``trial_epochs`` epochs each; under the paper's trial rule also
+        one per member of every trial).
         """
         if self.clustering_round is None:
             log(WARNING, "ACFL: phase 1 never ended (no convergence within the run's "

@@ -11,6 +11,10 @@ from flwr.common.logger import log
 from fl_clusters import protocol as p
 from fl_clusters.clustering import inter_cluster_mix
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.behaviours import Behaviour
+
+# The paper, as the sources below cite it (docs/paper-fidelity.md).
+SOURCE = "Li and Yan 2023 (seed 000)"
 
 
 def mix_clusters(
@@ -59,6 +63,28 @@ class AWCFLOption(ClusteredStrategy):
     """
 
     awcfl_beta: float
+    awcfl_example_weights: bool
+    paper_revision = 2
+    paper_rules_apply_with = "awcfl-beta"
+    behaviours = (
+        Behaviour(
+            "awcfl_example_weights",
+            paper_rule="AWCFL (awcfl-beta > 0): the own-cluster term is the plain mean of "
+            "the members' models, (1 - beta) / len(c_k) x their sum",
+            robust_rule="the own-cluster term weighs each member by its examples, as FedAvg "
+            "does (IFCA: its aggregation argument decides)",
+            why="a plain mean lets a client with a few examples move its cluster as much as "
+            "one with many",
+            source=f"{SOURCE}, section 3.1, Algorithm 1 step 3.3.1"),
+    )
+
+    def own_term_weighted(self) -> bool:
+        """Whether a cluster's own mean weighs its members by examples (see ``behaviours``).
+
+        The paper's plain mean belongs to AWCFL's rule: without mixing (beta 0) a
+        cluster averages as FedAvg does.
+        """
+        return self.awcfl_example_weights or self.awcfl_beta == 0.0
 
     def mix_clusters(
         self, models: list[ArrayRecord], active: Iterable[int] | None = None

@@ -54,10 +54,12 @@ class ClusteredStrategy(ServerStrategy, Declared):
     Parameters
     ----------
     preset : str (default: "robust")
-        ``"robust"``: the library's defaults. ``"paper"``: every argument whose
-        default departs from the published algorithm takes the paper's value
-        (each declared with its reason, docs/paper-fidelity.md), except an
-        argument the caller passes, which is kept (``preset_kept`` in the summary).
+        ``"robust"``: the library's defaults and rules. ``"paper"``: every
+        argument whose default departs from the published algorithm takes the
+        paper's value, except an argument the caller passes, which is kept
+        (``preset_kept`` in the summary), and every rule declared as departing
+        runs the paper's (``behaviours``); each is declared with its reason and
+        source (docs/paper-fidelity.md).
     fraction_train : float (default: 1.0)
         Fraction of connected nodes sampled for training each round.
     fraction_evaluate : float (default: 1.0)
@@ -288,6 +290,10 @@ class ClusteredStrategy(ServerStrategy, Declared):
         has cluster features."""
         return None
 
+    def mcfl_test_samples(self) -> int | None:
+        """None: a node choosing by MCFL's features averages all its test inputs."""
+        return None
+
     # --------------------------------------------------------------- evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -308,7 +314,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
         features = self.mcfl_cluster_features(len(models)) if len(models) > 1 else None
         contents = {
             node: evaluate_content(arrays, models, self.round_config(config, server_round),
-                                   self.assignment_for(node), features)
+                                   self.assignment_for(node), features,
+                                   self.mcfl_test_samples())
             for node in self.sample(grid, fraction)
         }
         return self.build_messages(contents, MessageType.EVALUATE)
@@ -345,10 +352,15 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """``preset``, the arguments it set to the paper's values and those the caller kept.
 
         ``preset_kept``: each argument given against the paper preset, with the
-        value given and the paper's (docs/paper-fidelity.md).
+        value given and the paper's (docs/paper-fidelity.md). ``preset_rules``,
+        under the paper preset only: the declared behaviours that ran the paper's
+        rule (``behaviours``).
         """
-        return {"preset": self.preset, "preset_changes": dict(self.preset_changes),
-                "preset_kept": {name: dict(kept) for name, kept in self.preset_kept.items()}}
+        fields = {"preset": self.preset, "preset_changes": dict(self.preset_changes),
+                  "preset_kept": {name: dict(kept) for name, kept in self.preset_kept.items()}}
+        if self.preset == "paper":
+            fields["preset_rules"] = list(self.preset_rules)
+        return fields
 
     def summary_fields(self) -> dict[str, Any]:
         """No entries: subclasses add what their algorithm decided (split rounds, trials...)."""
@@ -362,6 +374,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """Log the strategy's settings."""
         changes = ", ".join(f"{name}={value!r}" for name, value in self.preset_changes.items())
         log(INFO, "\t├──> Preset %s%s", self.preset, f" ({changes})" if changes else "")
+        if self.preset_rules:
+            log(INFO, "\t├──> The paper's rules: %s", ", ".join(self.preset_rules))
         log(INFO, "\t├──> Sampling: train %.2f | evaluate %.2f | min available %d",
             self.fraction_train, self.fraction_evaluate, self.min_available_nodes)
         log(INFO, "\t└──> Seed %d", self.seed)

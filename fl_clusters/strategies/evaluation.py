@@ -40,6 +40,7 @@ def evaluate_content(
     config: ConfigRecord,
     cluster: int | None,
     features: np.ndarray | None,
+    feature_samples: int | None = None,
 ) -> RecordDict:
     """What one node evaluates: the model it would use, or every model to choose from.
 
@@ -56,9 +57,13 @@ def evaluate_content(
     features : np.ndarray | None
         MCFL's cluster features; with them every node picks the cluster whose
         feature is nearest to the mean of its test inputs.
+    feature_samples : int | None
+        With ``features``: the test inputs a node averages (sampled); ``None``: all.
     """
     if features is not None:
         add_cluster_features(config, features)
+        if feature_samples is not None:
+            config[p.CFG_NUM_SAMPLES] = feature_samples
     elif cluster is not None and len(models) > 1:
         return RecordDict({p.ARRAYS: models[cluster], p.CONFIG: config})
     return RecordDict({p.CLUSTERS: arrays, p.CONFIG: config})

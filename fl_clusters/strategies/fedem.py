@@ -75,7 +75,9 @@ class FedEM(CentresFromStart):
               choices=("local-kmeans", "random"), paper="random",
               why="from M random components EM rarely separates groups that differ by a "
               "label permutation; a warm-start round's k-means starts each component inside "
-              "a group (measured with both presets: docs/results.md)"),
+              "a group (measured with both presets: docs/results.md)",
+              source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: M components "
+              "randomly initialised"),
         Param("init_steps", 100, "int",
               "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
         FRACTION_TRAIN,

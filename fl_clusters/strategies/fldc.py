@@ -17,11 +17,14 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import average_replies, reply_layers
 
 K_DISTANCE_PLOT = "k_distance.png"
+# The paper, as the sources below cite it (docs/paper-fidelity.md).
+SOURCE = "Wang and Li 2025 (seed 002)"
 
 
 def plot_k_distance(curve: np.ndarray, eps: float, min_pts: int, path: Path) -> Path:
@@ -67,8 +70,10 @@ class FLDC(ClusteredStrategy):
     Euclidean distance) with DBSCAN; eps is given or read at the knee of the sorted
     k-distance curve. Noise nodes (label -1) are reported and never sampled. The
     round-1 global model is the example-weighted average of the clustered nodes'
-    models. Every later round samples ``max(round(r * |T_i|), 1)`` nodes from each
-    cluster T_i and replaces the global model by their weighted FedAvg.
+    models (under ``preset="paper"`` the initial model stays the global model,
+    as in the paper's Algorithm 1). Every later round samples
+    ``max(round(r * |T_i|), 1)`` nodes from each cluster T_i and replaces the
+    global model by their weighted FedAvg.
 
     Parameters
     ----------
@@ -89,6 +94,7 @@ class FLDC(ClusteredStrategy):
     """
 
     name = "fldc"
+    paper_revision = 2
     paper = "Wang and Li, 2025"
     defaults_checked_against = ("the paper's settings: MinPts = 4, eps at the knee of the "
                                 "sorted k-distance curve, r = 0.2")
@@ -102,6 +108,25 @@ class FLDC(ClusteredStrategy):
               "of its quantiles (ours; the paper validates the knee by it)",
               choices=EPS_METHODS),
         Param("r", 0.2, "float", "FLDC sampling rate per cluster", above=0.0, high=1.0),
+    )
+    behaviours = (
+        Behaviour(
+            "round0_average",
+            paper_rule="round 0 only clusters: every client trains the initial model once, "
+            "DBSCAN groups the models, and round 1 starts again from the initial model",
+            robust_rule="the clustered clients' round-0 models are averaged (example-weighted) "
+            "into the global model round 1 starts from",
+            why="round 0 is a full round of training by every client; averaging it gives "
+            "the later rounds a trained start at no cost",
+            source=f"{SOURCE}, section 1.3, Algorithm 1 steps 1-3 (the global model is "
+            "aggregated in steps 8-10 only)"),
+        Behaviour(
+            "all_noise_one_stratum", paper_rule="",
+            robust_rule="when DBSCAN labels every client noise, all clients form one stratum "
+            "(FLDC then samples like FedAvg) and a warning says so",
+            why="excluding every noise client would leave no one to train",
+            source=f"{SOURCE}, section 1.3: noise clients are excluded; the case of no "
+            "cluster at all is not treated"),
     )
 
     def __init__(
@@ -166,7 +191,8 @@ class FLDC(ClusteredStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Cluster the round-0 models once; weighted FedAvg of the replies every round."""
         valid = self.check_replies(replies, self._current, "aggregate_train", trains=True)
-        if self.clustering is None:
+        round0 = self.clustering is None
+        if round0:
             if len(valid) < self.min_pts:
                 # Too few models to find dense regions this round: average what came
                 # and ask every node again next round instead of ending the run.
@@ -181,6 +207,9 @@ class FLDC(ClusteredStrategy):
         metrics = MetricRecord(
             {p.M_TRAIN_LOSS: float(np.mean(losses)), "num-trained": len(valid)}
         )
+        if round0 and self.clustering is not None and not self.round0_average:
+            # The paper's round 0 only clusters: round 1 starts from the initial model.
+            return self._current, metrics
         return average_replies(valid), metrics
 
     def _place_newcomers(self, grid: Grid) -> None:

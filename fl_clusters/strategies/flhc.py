@@ -83,7 +83,9 @@ class FLHC(HardClusteredStrategy):
               "FL+HC cut: largest jump of merge heights, ratio x nearest distance, or absolute",
               choices=THRESHOLDS, paper="absolute",
               why="an absolute distance threshold is in the units of one model and data set; "
-              "the gap cut reads the tree's own merge heights, whatever the model's scale"),
+              "the gap cut reads the tree's own merge heights, whatever the model's scale",
+              source="Briggs et al. 2020 (not among the seeds), section III: a distance "
+              "threshold on the hierarchy decides the clusters"),
         Param("min_gap", 1.6, "float",
               "FL+HC gap cut: smallest jump between merge heights that separates clusters",
               above=1.0),

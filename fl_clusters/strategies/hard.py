@@ -189,7 +189,7 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
         """
         models = list(models)
         for cluster, trained in groups.items():
-            models[cluster] = average_replies(trained)
+            models[cluster] = average_replies(trained, weighted=self.own_term_weighted())
             for msg in trained:
                 self.assignments[msg.metadata.src_node_id] = cluster
         models = self.mix_clusters(models, active=groups)

@@ -21,10 +21,14 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.drawing import draw_clusters
 from fl_clusters.strategies.awcfl import AWCFLOption
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
 from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
+
+# The paper, as the sources below cite it (docs/paper-fidelity.md).
+SOURCE = "Ghosh et al. 2020 (seed 001)"
 
 
 class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
@@ -84,6 +88,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     """
 
     name = "ifca"
+    paper_revision = 2
     paper = "Ghosh et al., NeurIPS 2020"
     client_needs = 'nothing more; `mode="gradient"` is refused (below)'
     params = (
@@ -95,25 +100,46 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
               "IFCA: example-weighted means, or the paper's unweighted updates",
               choices=("weighted", "paper"), paper="paper",
               why="a cluster's model weighs each member by its examples, as FedAvg does; the "
-              "paper's plain means let a small client count as much as a large one"),
+              "paper's plain means let a small client count as much as a large one",
+              source=f"{SOURCE}, Algorithm 1: theta_j <- mean of the models (option II) or "
+              "theta_j - gamma/m x the sum of the gradients (option I)"),
         Param("head_layers", 0, "int", "IFCA weight sharing: clustered last layers", low=0),
         Param("init", "local-kmeans", "str",
               "IFCA start: k-means of a first local round, or the paper's random models",
               choices=("local-kmeans", "random"), paper="random",
               why="k random models leave most clients choosing the same one when the groups "
               "differ by a label permutation or rotation; k-means of one local round's "
-              "updates starts each cluster inside a group (docs/clustering-defaults.md)"),
+              "updates starts each cluster inside a group (docs/clustering-defaults.md)",
+              source=f"{SOURCE}, sections Algorithm and Experiments: k randomly "
+              "initialised models"),
         Param("restarts", 1, "int",
               "IFCA random initializations to try (ifca-init='random'; most balanced wins)",
-              low=1),
+              low=1, paper=10,
+              source=f"{SOURCE}, section Experiments: 'random initialisation and a few "
+              "restarts suffice'; its synthetic runs draw 10 initialisations",
+              why="the default start is local-kmeans, to which restarts do not apply; one "
+              "draw keeps a random start to one model per node"),
         Param("init_steps", 100, "int",
               "IFCA local-kmeans start: local SGD steps of the first round", low=1),
         Param("reseed_after", 3, "int",
               "IFCA: re-seed a cluster no client chose for this many rounds (0 = never)", low=0,
               paper=0, why="a cluster no client chooses never trains again in the paper's "
-              "rule; re-seeding it from the widest cluster gives it a group to win"),
+              "rule; re-seeding it from the widest cluster gives it a group to win",
+              source=f"{SOURCE}, Algorithm 1: a cluster no client chose keeps its model"),
         FRACTION_TRAIN,
         *INTER_CLUSTER,
+    )
+    behaviours = (
+        Behaviour(
+            "restart_choice", paper_rule="",
+            robust_rule="of the restarts' random draws, the one whose first loss-based "
+            "assignment spreads the sampled clients most evenly over the clusters is kept",
+            why="a draw that leaves clusters empty at the first choice rarely recovers; the "
+            "balance is read from the clients' training losses, with no label of a test "
+            "split",
+            source=f"{SOURCE}, section Experiments: restarts are named, not how one is "
+            "chosen (its synthetic runs count a success when any of 10 draws reaches the "
+            "true parameters, which a run cannot know)"),
     )
 
     def __init__(

@@ -18,7 +18,9 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import cluster_feature_means
+from fl_clusters.strategies.awcfl import SOURCE
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.behaviours import Behaviour
 
 
 def feature_queries(nodes: Iterable[int], num_samples: int) -> dict[int, RecordDict]:
@@ -105,6 +107,20 @@ class MCFLOption(ClusteredStrategy):
 
     mcfl: bool
     mcfl_feature_samples: int
+    mcfl_all_test_inputs: bool
+    paper_revision = 2
+    paper_rules_apply_with = "mcfl"
+    behaviours = (
+        Behaviour(
+            "mcfl_all_test_inputs",
+            paper_rule="MCFL (mcfl = true): at evaluation a client averages n sampled test "
+            "inputs (n = mcfl_feature_samples, as for its upload) and takes the nearest "
+            "cluster feature",
+            robust_rule="a client averages all its test inputs",
+            why="the mean of every test input is the least noisy estimate of what the "
+            "client's data look like; the choice reads no label either way",
+            source=f"{SOURCE}, section 3.2: the test set's mean mu over n sampled inputs"),
+    )
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -147,6 +163,10 @@ class MCFLOption(ClusteredStrategy):
         if not self.mcfl:
             return None
         return cluster_features(self.node_features, self.assignments, num_clusters)
+
+    def mcfl_test_samples(self) -> int | None:
+        """The test inputs a node averages for MCFL's choice; ``None``: all of them."""
+        return None if self.mcfl_all_test_inputs else self.mcfl_feature_samples
 
     def summary(self) -> None:
         """Log MCFL's settings."""

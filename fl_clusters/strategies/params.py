@@ -30,6 +30,8 @@ from typing import Any, ClassVar, Literal, Self
 
 from flwr.common.logger import log
 
+from fl_clusters.strategies.behaviours import Behaviour, behaviour_switches
+
 Kind = Literal["int", "float", "bool", "str"]
 # The default of an argument the caller must give (as in inspect.signature).
 REQUIRED = inspect.Parameter.empty
@@ -45,6 +47,18 @@ class _SameAsDefault:
 # A declaration's paper value when its default is the published algorithm's; its
 # own object, so that no other "no value" (REQUIRED, None) can be taken for it.
 SAME = _SameAsDefault()
+
+
+class _NotGiven:
+    """The type of :data:`NOT_GIVEN`: the paper gives no value for the parameter."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+# A declaration's paper value when the paper gives none: both presets take the
+# default, and docs/paper-fidelity.md says why the library chose it.
+NOT_GIVEN = _NotGiven()
 PRESETS = ("robust", "paper")
 
 
@@ -202,10 +216,15 @@ class Param:
         Whether a run config sets it (``False``: a constructor argument only).
     paper : Any (default: SAME)
         Its value in the algorithm as published, where the default departs from
-        it: ``preset="paper"`` takes it (:data:`SAME`: the default is the paper's).
+        it: ``preset="paper"`` takes it (:data:`SAME`: the default is the paper's;
+        :data:`NOT_GIVEN`: the paper gives none, and both presets take the default).
     why : str
-        Why the default departs from the paper, one sentence for
-        docs/paper-fidelity.md; required with ``paper``.
+        Why the default departs from the paper (or, with :data:`NOT_GIVEN`, why
+        the library chose it), one sentence for docs/paper-fidelity.md; required
+        with ``paper``.
+    source : str
+        Where the paper's value (or its silence) is: the seed file and section, or
+        the paper; required with ``paper``.
     """
 
     name: str
@@ -223,13 +242,17 @@ class Param:
     run_config: bool = True
     paper: Any = SAME
     why: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
         if self.paper is SAME:
             return
-        if not self.why:
+        if not self.why or not self.source:
             raise ValueError(f"{self.name}: a default that departs from the paper "
-                             f"({self.default!r} against {self.paper!r}) needs its reason")
+                             f"({self.default!r} against {self.paper!r}) needs its reason "
+                             "and its source")
+        if self.paper is NOT_GIVEN:
+            return
         if self.paper == self.default:
             raise ValueError(f"{self.name}: paper value {self.paper!r} is the default; "
                              "declare no paper value")
@@ -405,6 +428,20 @@ class Declared:
     defaults_checked_against: ClassVar[str] = ""
     # Its own arguments; a subclass takes its bases' too (declared_params).
     params: ClassVar[tuple[Param, ...]] = ()
+    # Its own rules that depart from the paper; a subclass follows its bases' too
+    # (declared_behaviours).
+    behaviours: ClassVar[tuple[Behaviour, ...]] = ()
+    # What preset="paper" computes under the class's own declarations, counted: 1
+    # at first, one more with every change to it (a paper value, a switched rule),
+    # so that a sweep run recorded before the change is stale
+    # (fl_clusters.sweep.cells.Cell.changed_settings); tests/test_presets.py holds
+    # each class's digest of those declarations and fails when they change alone.
+    # Read from the class itself, never inherited (paper_revision_for).
+    paper_revision: ClassVar[int] = 1
+    # The run-config key whose value must be true (a nonzero number, True) for the
+    # class's paper rules to change a run: "" for every run; "mcfl" for an option
+    # whose rules apply only when it is on.
+    paper_rules_apply_with: ClassVar[str] = ""
     # Every class with a name, by name (a subclass hierarchy may keep its own).
     registry: ClassVar[dict[str, type]] = {}
     # The arguments the caller named, set before ``__init__`` runs (see ``__new__``).
@@ -425,11 +462,29 @@ class Declared:
     @classmethod
     def declared_params(cls) -> tuple[Param, ...]:
         """Every argument the class takes: its own declarations first, then its bases'."""
-        found: dict[str, Param] = {}
+        return _along_mro(cls, "params")
+
+    @classmethod
+    def paper_revision_for(cls, settings: Mapping[str, Any]) -> int:
+        """What ``preset="paper"`` computes for a run with run config ``settings``, counted.
+
+        1, plus each class's own revisions past 1 (``paper_revision``) along the
+        class and its bases, of those whose rules apply to the run
+        (``paper_rules_apply_with``): a change to any of them raises it, and one
+        to an option the run leaves off does not.
+        """
+        revision = 1
         for klass in cls.__mro__:
-            for param in vars(klass).get("params", ()):
-                found.setdefault(param.name, param)
-        return tuple(found.values())
+            own = vars(klass)
+            applies_with = own.get("paper_rules_apply_with", "")
+            if not applies_with or settings.get(applies_with):
+                revision += own.get("paper_revision", 1) - 1
+        return revision
+
+    @classmethod
+    def declared_behaviours(cls) -> tuple[Behaviour, ...]:
+        """Every rule the class follows apart from the paper: its own first, then its bases'."""
+        return _along_mro(cls, "behaviours")
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         """Record the arguments the caller named (``user_arguments``): a preset keeps them.
@@ -462,6 +517,8 @@ class Declared:
         every argument the caller did not name (``user_arguments``) takes the
         paper's value (``preset_changes``); one the caller named is kept, and
         recorded with the paper's value where the two differ (``preset_kept``).
+        Every switched behaviour (``behaviours``) is set too: False, the paper's
+        rule, under ``preset="paper"`` (``preset_rules`` names them).
         """
         values = {param.name: param.default for param in defaults}
         values |= check_params(type(self).__name__, self.declared_params(), given)
@@ -476,13 +533,29 @@ class Declared:
                 ", ".join(f"{name}={kept['value']!r}, the paper's {kept['paper']!r}"
                           for name, kept in self.preset_kept.items()))
         values |= self.preset_changes
-        for argument, value in values.items():
+        switches = behaviour_switches(self.declared_behaviours(), values.get("preset", "robust"))
+        self.preset_rules = sorted(name for name, robust in switches.items() if not robust)
+        for argument, value in (values | switches).items():
             setattr(self, argument, value)
+
+
+def _along_mro(cls: type, attribute: str) -> tuple[Any, ...]:
+    """The declarations in ``attribute`` of ``cls`` and its bases, the first of each name."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        for declaration in vars(klass).get(attribute, ()):
+            found.setdefault(declaration.name, declaration)
+    return tuple(found.values())
 
 
 def paper_values(params: Iterable[Param]) -> dict[str, Any]:
     """The paper's value of every argument whose default departs from it."""
-    return {param.name: param.paper for param in params if param.paper is not SAME}
+    return {param.name: param.paper for param in params if departs(param)}
+
+
+def departs(param: Param) -> bool:
+    """Whether ``param`` has a paper value apart from its default (``preset="paper"`` sets it)."""
+    return param.paper is not SAME and param.paper is not NOT_GIVEN
 
 
 PRESET = Param(

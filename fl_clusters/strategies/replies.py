@@ -198,10 +198,15 @@ def reply_layers(replies: Iterable[Message], names: Sequence[str]) -> list[list[
     return [[m.content.array_records[p.ARRAYS][n].numpy() for n in names] for m in replies]
 
 
-def average_replies(replies: Sequence[Message], keys: Sequence[str] | None = None) -> ArrayRecord:
-    """Example-weighted average of the valid replies' models (or of ``keys`` only)."""
+def average_replies(
+    replies: Sequence[Message], keys: Sequence[str] | None = None, *, weighted: bool = True
+) -> ArrayRecord:
+    """Example-weighted average of the valid replies' models (or of ``keys`` only).
+
+    ``weighted=False``: their plain mean, each reply counting once.
+    """
     names = list(keys if keys is not None else replies[0].content.array_records[p.ARRAYS])
-    weights = [num_examples(m) for m in replies]
+    weights = [num_examples(m) if weighted else 1.0 for m in replies]
     return p.numpy_to_record(names, weighted_average(reply_layers(replies, names), weights))
 
 

@@ -16,12 +16,27 @@ from pathlib import Path
 from typing import Any
 
 from fl_clusters.config import strategy_keys
+from fl_clusters.strategies.base import ClusteredStrategy
 
 # The sweep decides where each run writes; a file that sets it would scatter runs.
 RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
 SEED_AXIS = "seed"
 GPUS_AUTO = "auto"
 GPUS_KEY = "client-resources-num-gpus"
+# A run line's setting beside the run config: what its strategy's preset="paper"
+# computed (Declared.paper_revision_for); a line without it ran revision 1.
+PAPER_REVISION = "paper-revision"
+
+
+def paper_revision(settings: Mapping[str, Any]) -> int | None:
+    """The paper revision a run with run config ``settings`` runs; None: not preset "paper".
+
+    None too for a strategy that declares nothing (a baseline of Flower's).
+    """
+    cls = ClusteredStrategy.registry.get(settings["strategy"])
+    if settings.get("preset") != "paper" or cls is None:
+        return None
+    return int(cls.paper_revision_for(settings))
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,13 @@ class Cell:
         """``axis=label`` pairs, e.g. ``strategy=ifca,seed=0``."""
         return ",".join(f"{axis}={label}" for axis, label in self.labels.items())
 
+    @property
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a run line records as its ``settings``: the run config, and under
+        ``preset="paper"`` the strategy's paper revision (:data:`PAPER_REVISION`)."""
+        revision = paper_revision(self.settings)
+        return self.settings | ({} if revision is None else {PAPER_REVISION: revision})
+
     def changed_settings(self, recorded: Mapping[str, Any]) -> list[SettingChange]:
         """The settings a run recorded that this cell now gives another value.
 
@@ -113,7 +135,9 @@ class Cell:
         (:func:`fl_clusters.config.strategy_keys`): another strategy's default changes
         nothing here. A key the run did not record is one the app added since; its
         default reproduces what the run did (the golden summaries check that), so it
-        changes nothing either.
+        changes nothing either. Under ``preset="paper"`` the strategy's paper revision
+        counts as a setting (:data:`PAPER_REVISION`, 1 where the line has none): a
+        change to what the paper preset computes stales the runs made before it.
 
         Parameters
         ----------
@@ -126,11 +150,16 @@ class Cell:
             One per changed key, in key order; empty when the run is the cell's.
         """
         read = strategy_keys(self.settings["strategy"]) - set(RESERVED_RUN_CONFIG_KEYS)
-        return [
+        changes = [
             SettingChange(key, recorded[key], self.settings[key])
             for key in sorted(read & set(recorded) & set(self.settings))
             if _as_json(recorded[key]) != _as_json(self.settings[key])
         ]
+        revision = paper_revision(self.settings)
+        if revision is not None and recorded.get(PAPER_REVISION, 1) != revision:
+            changes.append(SettingChange(PAPER_REVISION, recorded.get(PAPER_REVISION, 1),
+                                         revision))
+        return changes
 
     def selected_by(self, only: Mapping[str, set[str]]) -> bool:
         """Whether this cell has one of the chosen labels on every axis ``only`` names."""

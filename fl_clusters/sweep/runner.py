@@ -126,7 +126,7 @@ def run_cell(
             )
     line["seconds"] = round(time.monotonic() - start, 3)
     line.update(
-        log=str(log_path.relative_to(folder)), settings=cell.settings,
+        log=str(log_path.relative_to(folder)), settings=cell.recorded_settings,
         git_commit=commit["commit"], git_dirty=commit["dirty"], ray_node_id=ray_node_id,
     )
     return line
