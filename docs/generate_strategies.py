@@ -41,15 +41,10 @@ import fl_clusters.strategies
 from fl_clusters.config import key_groups
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.params import (
-    FRACTION_TRAIN,
-    INTER_CLUSTER,
-    NOT_GIVEN,
-    REQUIRED,
-    Param,
-    departs,
-)
+from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param
+from fl_clusters.strategies.presets import departs
 from fl_clusters.strategies.registry import strategy_names
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "strategies.md"

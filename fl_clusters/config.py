@@ -22,15 +22,15 @@ from typing import Any
 
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import (
+from fl_clusters.strategies.params import Param, ParamError
+from fl_clusters.strategies.registry import strategy_names
+from fl_clusters.strategies.shared_params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
+    MIN_AVAILABLE_NODES,
     SEED,
-    Param,
-    ParamError,
     num_clusters_param,
 )
-from fl_clusters.strategies.registry import strategy_names
 
 DATASETS = ("digits", "fashion-mnist", "mnist", "cifar10", "emnist")
 CLUSTER_STRUCTURES = (
@@ -75,9 +75,7 @@ COMMON_KEYS: tuple[Param, ...] = (
     # Shared with the strategies: their declaration, so default, bounds and help
     # are written once.
     num_clusters_param(4),
-    Param("min_nodes", 2, "int",
-          "nodes to wait for before round 1; the fewest connected nodes a round needs", low=1,
-          key="min-nodes"),
+    MIN_AVAILABLE_NODES,
     Param("num_rounds", 15, "int", "federated rounds", low=1, key="num-rounds"),
     Param("local_epochs", 1, "int", "local epochs when local-steps = 0", low=1,
           key="local-epochs"),

@@ -27,7 +27,7 @@ import pytest
 from fl_clusters.checkpoint import CHECKPOINT_FILE
 from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.strategies.kit import REQUIRED, ClusteredStrategy, registered
-from fl_clusters.strategies.params import departs
+from fl_clusters.strategies.presets import departs
 from fl_clusters.strategies.registry import build_strategy
 from tests.loopback_runs import NUM_CLIENTS, ChurnGrid, in_process_server, loopback_run
 

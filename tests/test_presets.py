@@ -12,7 +12,8 @@ import pytest
 
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM
 from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError, departs
+from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError
+from fl_clusters.strategies.presets import departs
 from fl_clusters.strategies.registry import build_strategy
 from tests.conftest import Federation
 

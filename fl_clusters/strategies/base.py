@@ -25,16 +25,16 @@ from fl_clusters.strategies.evaluation import (
     per_cluster_evaluate,
 )
 from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
-from fl_clusters.strategies.params import (
+from fl_clusters.strategies.presets import Declared
+from fl_clusters.strategies.replies import count_failed_round, validate_replies
+from fl_clusters.strategies.shared_params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
     MAX_FAILED_ROUNDS,
     MIN_AVAILABLE_NODES,
     PRESET,
     SEED,
-    Declared,
 )
-from fl_clusters.strategies.replies import count_failed_round, validate_replies
 
 
 class ClusteredStrategy(ServerStrategy, Declared):

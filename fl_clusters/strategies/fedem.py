@@ -14,8 +14,9 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
-from fl_clusters.strategies.params import FRACTION_TRAIN, Param, num_clusters_param
+from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import average_replies, train_losses
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 

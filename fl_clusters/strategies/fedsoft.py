@@ -22,8 +22,9 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
-from fl_clusters.strategies.params import Param, num_clusters_param
+from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
+from fl_clusters.strategies.shared_params import num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 

@@ -15,8 +15,8 @@ from sklearn.metrics import pairwise_distances
 from fl_clusters import protocol as p
 from fl_clusters.strategies.awcfl import AWCFLOption
 from fl_clusters.strategies.mcfl import MCFLOption
-from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER
 from fl_clusters.strategies.replies import average_replies, reply_updates, train_losses
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 
 class HardClusteredStrategy(AWCFLOption, MCFLOption):

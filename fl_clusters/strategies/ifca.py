@@ -23,8 +23,9 @@ from fl_clusters.drawing import draw_clusters
 from fl_clusters.strategies.awcfl import AWCFLOption
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.mcfl import MCFLOption
-from fl_clusters.strategies.params import FRACTION_TRAIN, INTER_CLUSTER, Param, num_clusters_param
+from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).

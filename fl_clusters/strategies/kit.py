@@ -43,13 +43,7 @@ from fl_clusters.protocol import (
 )
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import (
-    FRACTION_TRAIN,
-    INTER_CLUSTER,
-    REQUIRED,
-    Param,
-    num_clusters_param,
-)
+from fl_clusters.strategies.params import REQUIRED, Param
 from fl_clusters.strategies.replies import (
     average_replies,
     num_examples,
@@ -57,6 +51,7 @@ from fl_clusters.strategies.replies import (
     reply_updates,
     train_losses,
 )
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER, num_clusters_param
 from fl_clusters.strategies.warm_start import (
     CentresFromStart,
     KMeansStart,

@@ -10,7 +10,7 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import FRACTION_TRAIN
+from fl_clusters.strategies.shared_params import FRACTION_TRAIN
 
 
 class LocalOnly(ClusteredStrategy):

@@ -2,11 +2,13 @@
 
 One declaration (:class:`Param`) serves a strategy's constructor argument and a
 run-config key alike. A strategy class lists its constructor arguments as
-declarations (``params``, see :class:`Declared`); the base class checks every
-argument against them in one call (:meth:`Declared.init_params`). fl-clusters'
-run config (fl_clusters/config.py) is the keys of these declarations plus its own
-declarations of the data, the clients and the run, and docs/generate_strategies.py
-writes the documentation and pyproject.toml's keys from them.
+declarations (``params``, see :class:`~fl_clusters.strategies.presets.Declared`);
+the base class checks every argument against them in one call
+(:func:`check_params`). fl-clusters' run config (fl_clusters/config.py) is the
+keys of these declarations plus its own declarations of the data, the clients
+and the run, and docs/generate_strategies.py writes the documentation and
+pyproject.toml's keys from them. The declarations several strategies share are
+in :mod:`fl_clusters.strategies.shared_params`.
 
 A bad value gets one kind of message wherever it came from: the name as the user
 wrote it (the argument's for a constructor, the kebab-case key for a run
@@ -22,15 +24,10 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from logging import INFO
 from numbers import Integral, Real
-from typing import Any, ClassVar, Literal, Self
-
-from flwr.common.logger import log
-
-from fl_clusters.strategies.behaviours import Behaviour, behaviour_switches
+from typing import Any, Literal
 
 Kind = Literal["int", "float", "bool", "str"]
 # The default of an argument the caller must give (as in inspect.signature).
@@ -59,7 +56,6 @@ class _NotGiven:
 # A declaration's paper value when the paper gives none: both presets take the
 # default, and docs/paper-fidelity.md says why the library chose it.
 NOT_GIVEN = _NotGiven()
-PRESETS = ("robust", "paper")
 
 
 class ParamError(ValueError):
@@ -369,197 +365,3 @@ def check_signature(cls: type, params: Iterable[Param]) -> None:
                 f"{cls.__name__}.__init__ gives {param.name!r} the default "
                 f"{argument.default!r}; its declaration says {param.default!r}"
             )
-
-
-# Arguments that several strategies take, declared once. Keys that fl-clusters'
-# run config shares with its data and FedAvg (fraction-train, fraction-evaluate,
-# seed, min-nodes, num-clusters) are named explicitly; the run config defines them.
-FRACTION_TRAIN = Param("fraction_train", 1.0, "float", "clients sampled a round",
-                       low=0.0, high=1.0, key="fraction-train")
-FRACTION_EVALUATE = Param(
-    "fraction_evaluate", 1.0, "float",
-    "clients evaluated a round (the last round evaluates every client; 0 = none)",
-    low=0.0, high=1.0, key="fraction-evaluate",
-)
-MIN_AVAILABLE_NODES = Param(
-    "min_available_nodes", 2, "int", "the fewest connected nodes a round needs", low=1,
-    key="min-nodes",
-)
-MAX_FAILED_ROUNDS = Param(
-    "max_failed_rounds", 3, "int",
-    "stop the run after this many training rounds in a row without a valid reply", low=1,
-    key="max-failed-rounds",
-)
-SEED = Param("seed", 0, "int", "seed of data partition, init and sampling", low=0, key="seed")
-# AWCFL and MCFL (Li and Yan 2023) apply to every strategy that puts each node
-# in one cluster.
-INTER_CLUSTER = (
-    Param("awcfl_beta", 0.0, "float", "AWCFL inter-cluster mixing", low=0.0, high=1.0,
-          key="awcfl-beta"),
-    Param("mcfl", False, "bool", "MCFL: clients pick a cluster model by feature mean",
-          key="mcfl"),
-    Param("mcfl_feature_samples", 32, "int", "MCFL inputs averaged per client", low=1,
-          key="mcfl-feature-samples"),
-)
-
-
-def num_clusters_param(default: Any, low: int = 1) -> Param:
-    """The ``num_clusters`` argument (run-config key ``num-clusters``) with its default."""
-    return Param("num_clusters", default, "int",
-                 "k, the number of cluster models (a mixture's components)", low=low,
-                 key="num-clusters")
-
-
-class Declared:
-    """A class whose constructor arguments are declared (``params``), registered by ``name``.
-
-    A subclass's own ``params`` get their run-config keys (prefixed by its
-    ``name``) and are checked against its ``__init__`` signature when the class
-    is defined; a subclass with a ``name`` of its own enters ``registry``.
-    """
-
-    # The run config's `strategy` value that builds it (None: not buildable so).
-    name: ClassVar[str | None] = None
-    # Where the algorithm comes from, for docs/strategies.md.
-    paper: ClassVar[str] = ""
-    # The source every default not declared as departing was checked against (the
-    # paper's section, or its settings as cited); "": not checked, and
-    # docs/paper-fidelity.md claims no fidelity for them.
-    defaults_checked_against: ClassVar[str] = ""
-    # Its own arguments; a subclass takes its bases' too (declared_params).
-    params: ClassVar[tuple[Param, ...]] = ()
-    # Its own rules that depart from the paper; a subclass follows its bases' too
-    # (declared_behaviours).
-    behaviours: ClassVar[tuple[Behaviour, ...]] = ()
-    # What preset="paper" computes under the class's own declarations, counted: 1
-    # at first, one more with every change to it (a paper value, a switched rule),
-    # so that a sweep run recorded before the change is stale
-    # (fl_clusters.sweep.cells.Cell.changed_settings); tests/test_presets.py holds
-    # each class's digest of those declarations and fails when they change alone.
-    # Read from the class itself, never inherited (paper_revision_for).
-    paper_revision: ClassVar[int] = 1
-    # The run-config key whose value must be true (a nonzero number, True) for the
-    # class's paper rules to change a run: "" for every run; "mcfl" for an option
-    # whose rules apply only when it is on.
-    paper_rules_apply_with: ClassVar[str] = ""
-    # Every class with a name, by name (a subclass hierarchy may keep its own).
-    registry: ClassVar[dict[str, type]] = {}
-    # The arguments the caller named, set before ``__init__`` runs (see ``__new__``).
-    user_arguments: frozenset[str]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        own_name = vars(cls).get("name")
-        if "params" in vars(cls):
-            check_signature(cls, cls.params)
-            cls.params = tuple(param.with_prefix(own_name) for param in cls.params)
-        if own_name:
-            taken = cls.registry.get(own_name)
-            if taken is not None and taken.__qualname__ != cls.__qualname__:
-                raise ValueError(f"strategy name {own_name!r} is taken by {taken.__qualname__}")
-            cls.registry[own_name] = cls
-
-    @classmethod
-    def declared_params(cls) -> tuple[Param, ...]:
-        """Every argument the class takes: its own declarations first, then its bases'."""
-        return _along_mro(cls, "params")
-
-    @classmethod
-    def paper_revision_for(cls, settings: Mapping[str, Any]) -> int:
-        """What ``preset="paper"`` computes for a run with run config ``settings``, counted.
-
-        1, plus each class's own revisions past 1 (``paper_revision``) along the
-        class and its bases, of those whose rules apply to the run
-        (``paper_rules_apply_with``): a change to any of them raises it, and one
-        to an option the run leaves off does not.
-        """
-        revision = 1
-        for klass in cls.__mro__:
-            own = vars(klass)
-            applies_with = own.get("paper_rules_apply_with", "")
-            if not applies_with or settings.get(applies_with):
-                revision += own.get("paper_revision", 1) - 1
-        return revision
-
-    @classmethod
-    def declared_behaviours(cls) -> tuple[Behaviour, ...]:
-        """Every rule the class follows apart from the paper: its own first, then its bases'."""
-        return _along_mro(cls, "behaviours")
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
-        """Record the arguments the caller named (``user_arguments``): a preset keeps them.
-
-        Only here are they known: each ``__init__`` passes every argument on to
-        its base's, defaults included.
-        """
-        instance = super().__new__(cls)
-        positional = [arg.name for arg in inspect.signature(cls.__init__).parameters.values()
-                      if arg.kind in (arg.POSITIONAL_ONLY, arg.POSITIONAL_OR_KEYWORD)][1:]
-        instance.user_arguments = frozenset(kwargs) | frozenset(positional[:len(args)])
-        return instance
-
-    @classmethod
-    def built_with(cls, arguments: Mapping[str, Any], user_arguments: Collection[str]) -> Self:
-        """``cls(**arguments)``, of which only ``user_arguments`` count as the caller's.
-
-        For a caller that passes every argument, such as a run config with every
-        key filled in: a preset then keeps only the arguments it names.
-        """
-        instance = cls.__new__(cls, **{name: arguments[name] for name in user_arguments})
-        instance.__init__(**arguments)  # type: ignore[misc]
-        return instance
-
-    def init_params(self, given: Mapping[str, Any], defaults: Iterable[Param] = ()) -> None:
-        """In ``__init__``: check ``given`` against the declarations, set every declared argument.
-
-        ``defaults``: undeclared arguments to set to their default too (attributes
-        the base class's methods read in every subclass). Under ``preset="paper"``
-        every argument the caller did not name (``user_arguments``) takes the
-        paper's value (``preset_changes``); one the caller named is kept, and
-        recorded with the paper's value where the two differ (``preset_kept``).
-        Every switched behaviour (``behaviours``) is set too: False, the paper's
-        rule, under ``preset="paper"`` (``preset_rules`` names them).
-        """
-        values = {param.name: param.default for param in defaults}
-        values |= check_params(type(self).__name__, self.declared_params(), given)
-        paper = paper_values(self.declared_params()) if values.get("preset") == "paper" else {}
-        self.preset_changes = {name: value for name, value in paper.items()
-                               if name not in self.user_arguments}
-        self.preset_kept = {name: {"value": values[name], "paper": value}
-                            for name, value in paper.items()
-                            if name in self.user_arguments and values[name] != value}
-        if self.preset_kept:
-            log(INFO, "%s: preset 'paper' keeps the arguments given (%s)", type(self).__name__,
-                ", ".join(f"{name}={kept['value']!r}, the paper's {kept['paper']!r}"
-                          for name, kept in self.preset_kept.items()))
-        values |= self.preset_changes
-        switches = behaviour_switches(self.declared_behaviours(), values.get("preset", "robust"))
-        self.preset_rules = sorted(name for name, robust in switches.items() if not robust)
-        for argument, value in (values | switches).items():
-            setattr(self, argument, value)
-
-
-def _along_mro(cls: type, attribute: str) -> tuple[Any, ...]:
-    """The declarations in ``attribute`` of ``cls`` and its bases, the first of each name."""
-    found: dict[str, Any] = {}
-    for klass in cls.__mro__:
-        for declaration in vars(klass).get(attribute, ()):
-            found.setdefault(declaration.name, declaration)
-    return tuple(found.values())
-
-
-def paper_values(params: Iterable[Param]) -> dict[str, Any]:
-    """The paper's value of every argument whose default departs from it."""
-    return {param.name: param.paper for param in params if departs(param)}
-
-
-def departs(param: Param) -> bool:
-    """Whether ``param`` has a paper value apart from its default (``preset="paper"`` sets it)."""
-    return param.paper is not SAME and param.paper is not NOT_GIVEN
-
-
-PRESET = Param(
-    "preset", "robust", "str",
-    "'robust' defaults, or 'paper': the algorithm as published (docs/paper-fidelity.md)",
-    choices=PRESETS, key="preset",
-)

@@ -12,8 +12,9 @@ from flwr.common.logger import log
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
 from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import REQUIRED, Param, num_clusters_param
+from fl_clusters.strategies.params import REQUIRED, Param
 from fl_clusters.strategies.replies import num_examples, reply_layers
+from fl_clusters.strategies.shared_params import num_clusters_param
 
 
 class WeCFL(HardClusteredStrategy):
