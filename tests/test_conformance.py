@@ -97,8 +97,7 @@ def test_builds_from_its_declarations(name: str) -> None:
     for param in cls.declared_params():
         if param.run_config:
             assert param.key in keys, f"{name}: {param.name} has no run-config key"
-            expected = None if param.allow_none and settings[param.key] == param.unset \
-                else settings[param.key]
+            expected = param.argument(settings[param.key])
         else:
             expected = param.default
         if expected is not REQUIRED:

@@ -276,6 +276,12 @@ class Param:
                             "from a run config (or run_config=False)")
         return float(default) if self.kind == "float" else default
 
+    def argument(self, value: Any) -> Any:
+        """The constructor argument the run-config ``value`` stands for: ``None`` for ``unset``."""
+        if self.allow_none and value == self.unset:
+            return None
+        return value
+
     def run_config_value(self, value: Any) -> bool | int | float | str:
         """Return the run-config value ``value`` as the key's kind, or raise :class:`ParamError`.
 

@@ -41,12 +41,8 @@ def run_config_arguments(cls: type[ClusteredStrategy], settings: Settings) -> di
     settings : Mapping[str, Any]
         As :func:`build_strategy` takes them.
     """
-    arguments = {}
-    for param in cls.declared_params():
-        if param.run_config:
-            value = settings[param.key]  # type: ignore[index]
-            arguments[param.name] = None if param.allow_none and value == param.unset else value
-    return arguments
+    return {param.name: param.argument(settings[param.key])  # type: ignore[index]
+            for param in cls.declared_params() if param.run_config}
 
 
 def user_arguments(cls: type[ClusteredStrategy], settings: Settings) -> set[str]:
