@@ -54,6 +54,7 @@ from fl_clusters.checkpoint_archive import (
     read_parts,
     write_parts,
 )
+from fl_clusters.files import remove_dead_partials
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.state_tree import (
     TREE_ERRORS,
@@ -319,6 +320,8 @@ class Checkpoint:
         except DamagedCheckpoint as error:
             raise ValueError(f"resume-from: {path} {error}; it is not loaded") from None
         _check_resumable(fields, settings)
+        # The interrupted run may have been killed while writing its next checkpoint.
+        remove_dead_partials(path)
         strategy = _rebuilt_strategy(path, fields)
         return cls(**{**fields, "strategy": strategy})
 

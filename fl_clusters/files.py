@@ -4,11 +4,13 @@ A results folder's checkpoint and models are replaced atomically: the new conten
 goes to a temporary file in the same folder, is flushed to disk, and only then
 takes the final name (``os.replace``). A process killed at any moment leaves the
 previous file or the new one, never a mix; a temporary file it leaves behind has
-a name no reader opens.
+a name no reader opens, and carries its writer's process id, so that the next
+write to the same file removes it once that process is gone.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 from collections.abc import Iterator
@@ -24,7 +26,8 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
     """A binary file that replaces ``path`` when the block ends without an error.
 
     If the block raises, ``path`` is left as it was and the temporary file is
-    removed.
+    removed. Temporary files of ``path`` that killed writers left are removed
+    first (:func:`remove_dead_partials`).
 
     Parameters
     ----------
@@ -32,6 +35,7 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
         The file to write; its folder is created if missing.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_partials(path)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         with partial.open("wb") as out:
@@ -49,6 +53,32 @@ def atomic_output(path: Path) -> Iterator[BinaryIO]:
             os.fsync(folder)
         finally:
             os.close(folder)
+
+
+def remove_dead_partials(path: Path) -> None:
+    """Remove the temporary files of ``path`` whose writer is no longer running.
+
+    A writer killed mid-write (:func:`atomic_output`) leaves
+    ``.<name>.<pid>.partial``; one whose process is still alive is another
+    writer's file in progress, and is kept. The process ids are this machine's.
+    """
+    for partial in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
+        pid = partial.name[len(path.name) + 2:-len(".partial")]
+        if pid.isdigit() and not _running(int(pid)):
+            partial.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts: it is gone only once reaped)."""
+    if os.name != "posix":
+        return True  # os.kill would end the process there, not probe it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def sha256_of(path: Path) -> str:

@@ -382,6 +382,27 @@ def test_a_process_killed_while_writing_leaves_a_whole_checkpoint(tmp_path: Path
     loaded = Checkpoint.load(tmp_path, parse_run_config({"num-rounds": 1000}))
     assert loaded.server_round in (2, 3)
     assert (loaded.arrays["w"].numpy() == loaded.server_round).all()
+    # Resuming removes the temporary file the killed writer left.
+    assert os.listdir(tmp_path) == [CHECKPOINT_FILE]
+
+
+def _dead_pid() -> int:
+    """The process id of a process that has exited and been reaped."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    return child
+
+
+def test_a_write_removes_what_a_dead_writer_left_and_keeps_a_live_ones(tmp_path: Path) -> None:
+    dead = tmp_path / f".{CHECKPOINT_FILE}.{_dead_pid()}.partial"
+    live = tmp_path / f".{CHECKPOINT_FILE}.{os.getppid()}.partial"
+    other_file = tmp_path / f".models.npz.{_dead_pid()}.partial"
+    for partial in (dead, live, other_file):
+        partial.write_bytes(b"half a checkpoint")
+    _rich_checkpoint().write(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted([CHECKPOINT_FILE, live.name, other_file.name])
 
 
 @pytest.mark.parametrize("name", strategy_names())
