@@ -5,7 +5,8 @@ in-process federation (:class:`~fl_clusters.loopback.LoopbackGrid`): with
 ``fraction-train`` and ``fraction-evaluate`` below 1, a round other than the last
 reaches only the nodes drawn to train and those drawn to evaluate; the last
 round evaluates every node, and the handshake and the final report ask every
-node once.
+node once. A process keeps learners and partitions for the nodes it served last
+only, and the handshake builds none.
 """
 
 from __future__ import annotations
