@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
 from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
-from fl_clusters.client.node_data import learner_for, node_metadata
+from fl_clusters.client.node_data import check_node, learner_for, node_metadata
 from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
 from fl_clusters.client.replies import evaluate_reply, train_reply
 from fl_clusters.learner import TorchLearner
@@ -29,7 +29,10 @@ MetadataFactory = Callable[[Context], Mapping[str, Any]]
 
 
 def register_handlers(
-    app: ClientApp, learner_fn: LearnerFactory, metadata_fn: MetadataFactory | None = None
+    app: ClientApp,
+    learner_fn: LearnerFactory,
+    metadata_fn: MetadataFactory | None = None,
+    check_fn: Callable[[Context], int | None] | None = None,
 ) -> ClientApp:
     """Add every fl-clusters message handler to a ClientApp.
 
@@ -46,6 +49,11 @@ def register_handlers(
         ``"test-groups"`` entry (one integer group per test sample, e.g. its
         source distribution) is not forwarded: the report returns every cluster
         model's correct counts per group (``group-correct``, ``group-counts``).
+    check_fn : Callable[[Context], int | None] | None
+        The start-up handshake's check that this node can load its data, raising
+        what ``learner_fn`` would and returning the node's ground-truth group (or
+        None), so that the handshake builds no learner; None: the handshake calls
+        ``learner_fn`` and reads the group from ``metadata_fn``.
     """
     pass_ray_messages_inline()
 
@@ -62,7 +70,7 @@ def register_handlers(
         handler = fedem_evaluate if is_mixture(message) else evaluate_reply
         return handler(learner_fn(context), message, context)
 
-    register_queries(app, ClientNode(learner_fn, metadata_fn or no_metadata))
+    register_queries(app, ClientNode(learner_fn, metadata_fn or no_metadata, check=check_fn))
     return app
 
 
@@ -87,7 +95,10 @@ def build_client_app(
     def metadata_fn(context: Context) -> dict[str, Any]:
         return node_metadata(context, overrides)
 
-    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn)
+    def check_fn(context: Context) -> int:
+        return check_node(context, overrides)
+
+    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn, check_fn)
 
 
 app = build_client_app()

@@ -125,24 +125,34 @@ def keep_torch_threads() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("keep_torch_threads")
-def test_learner_and_data_are_built_once_per_node_and_process() -> None:
+def test_a_process_keeps_the_learners_and_data_of_the_nodes_it_served_last() -> None:
     overrides = {"dataset": "digits", "torch-threads": 1}
+    kept = node_data.NODES_KEPT
     first = node_data.learner_for(_context(0, 80), overrides)
     assert node_data.learner_for(_context(0, 80), overrides) is first
     other = node_data.learner_for(_context(1, 80), overrides)
     assert other is not first and other.model is first.model  # one model per architecture
     assert torch.get_num_threads() == 1
-    # More nodes than the former lru_cache(maxsize=64) held: none is evicted and rebuilt.
+    # The last NODES_KEPT nodes are kept; one served before them is built again,
+    # from the same plan, with the same samples.
     data = [node_data.client_data_for(_context(i, 80), overrides) for i in range(80)]
-    assert all(
-        node_data.client_data_for(_context(i, 80), overrides) is d for i, d in enumerate(data)
-    )
-    assert node_data.learner_for(_context(0, 80), overrides) is first
+    recent = range(80 - kept, 80)
+    assert all(node_data.client_data_for(_context(i, 80), overrides) is data[i] for i in recent)
+    again = node_data.client_data_for(_context(0, 80), overrides)
+    assert again is not data[0]
+    np.testing.assert_array_equal(again.x_train, data[0].x_train)
+    np.testing.assert_array_equal(again.y_test, data[0].y_test)
+    for i in range(80):
+        node_data.learner_for(_context(i, 80), overrides)
+    assert node_data._cached_learner.cache_info().currsize == kept
+    rebuilt = node_data.learner_for(_context(0, 80), overrides)
+    assert rebuilt is not first and rebuilt.model is first.model
+    assert torch.equal(rebuilt._tensors["train"][0], first._tensors["train"][0])
     # An actor kept for the next run of a sweep drops this run's nodes on its first
     # message: nothing of one run is served to another, and memory does not pile up.
-    again = node_data.learner_for(_context(0, 80, run_id=2), overrides)
-    assert again is not first and again.model is first.model
-    assert node_data.client_data_for(_context(1, 80, run_id=2), overrides) is not data[1]
+    next_run = node_data.learner_for(_context(0, 80, run_id=2), overrides)
+    assert next_run is not rebuilt and next_run.model is first.model
+    assert node_data.client_data_for(_context(79, 80, run_id=2), overrides) is not data[79]
 
 
 @pytest.mark.usefixtures("keep_torch_threads")

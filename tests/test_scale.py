@@ -5,13 +5,16 @@ in-process federation (:class:`~fl_clusters.loopback.LoopbackGrid`): with
 ``fraction-train`` and ``fraction-evaluate`` below 1, a round other than the last
 reaches only the nodes drawn to train and those drawn to evaluate; the last
 round evaluates every node, and the handshake and the final report ask every
-node once.
+node once. A process keeps learners and partitions for the nodes it served last
+only, and the handshake builds none.
 """
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
 from collections.abc import Iterable
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,12 @@ import pytest
 from flwr.app import Message, MessageType
 
 from fl_clusters import protocol as p
+from fl_clusters.client import node_data
+from fl_clusters.data import ClientData, client_data, partition
+from fl_clusters.learner import TorchLearner
 from fl_clusters.loopback import LoopbackGrid
 from tests.loopback_runs import in_process_server, loopback_run, message_round
+from tests.test_golden import pinned
 
 NUM_NODES = 20
 NUM_ROUNDS = 3
@@ -101,3 +108,87 @@ def test_fraction_evaluate_is_a_run_config_key_with_todays_default() -> None:
     with pytest.raises(ConfigurationError,
                        match=r"'fraction-evaluate' must be a number in \[0, 1\]"):
         parse_run_config({"fraction-evaluate": 1.5})
+
+
+class BuildCountingGrid(LoopbackGrid):
+    """A loopback grid that records how many learners and partitions each message built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.built: list[tuple[str, int, int]] = []  # (message type, learners, partitions)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            learners, partitions = len(LEARNERS_BUILT), len(PARTITIONS_BUILT)
+            ids += super().push_messages([message])
+            self.built.append((message.metadata.message_type,
+                               len(LEARNERS_BUILT) - learners, len(PARTITIONS_BUILT) - partitions))
+        return ids
+
+
+LEARNERS_BUILT: list[int] = []
+PARTITIONS_BUILT: list[int] = []
+
+
+def test_a_process_keeps_no_learner_or_partition_for_the_nodes_it_does_not_serve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    num_nodes = 60
+    assert num_nodes > node_data.NODES_KEPT
+    LEARNERS_BUILT.clear()
+    PARTITIONS_BUILT.clear()
+
+    class CountedLearner(TorchLearner):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            LEARNERS_BUILT.append(1)
+            super().__init__(*args, **kwargs)
+
+    def counted_materialize(*args: Any) -> ClientData:
+        PARTITIONS_BUILT.append(1)
+        return client_data.materialize(*args)
+
+    monkeypatch.setattr(node_data, "TorchLearner", CountedLearner)
+    monkeypatch.setattr(partition, "materialize", counted_materialize)
+    grids: list[BuildCountingGrid] = []
+
+    def grid(*args: Any) -> BuildCountingGrid:
+        grids.append(BuildCountingGrid(*args))
+        return grids[0]
+
+    with in_process_server():
+        summary = loopback_run({"strategy": "fedavg", "num-rounds": 2, "fraction-train": 0.05,
+                                "fraction-evaluate": 0.05, "validation-fraction": 0.0},
+                               tmp_path, grid_class=grid, num_clients=num_nodes)  # type: ignore[arg-type]
+    assert summary["num_clients"] == num_nodes
+    handshake = [(learners, parts) for kind, learners, parts in grids[0].built
+                 if kind == p.QUERY_IDENTITY]
+    # The handshake checks every node's data from the plan and builds nothing for it.
+    assert len(handshake) == num_nodes and set(handshake) == {(0, 0)}
+    # The run served every node (the last evaluation, the report), yet the process
+    # holds the learners and partitions of only the nodes it served last.
+    gc.collect()
+    live = Counter(type(o) for o in gc.get_objects())
+    assert len(LEARNERS_BUILT) >= num_nodes
+    assert live[CountedLearner] <= node_data.NODES_KEPT
+    assert live[ClientData] <= node_data.NODES_KEPT
+
+
+@pytest.mark.parametrize("strategy", [
+    {"strategy": "fedsoft", "num-clusters": 2},
+    {"strategy": "fedem", "num-clusters": 2},
+], ids=["fedsoft", "fedem"])
+def test_a_learner_built_again_for_every_message_gives_the_same_run(
+    strategy: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FedSoft's and FedEM's nodes keep models and mixture weights between rounds:
+    # in context.state, not in the learner, so a process that keeps one learner
+    # (every message builds its node's again) computes the same run.
+    with in_process_server():
+        kept = loopback_run(strategy, tmp_path / "kept")
+        for name in ("_client_data", "_cached_learner"):
+            build = getattr(node_data, name).__wrapped__
+            monkeypatch.setattr(node_data, name, lru_cache(maxsize=1)(build))
+        rebuilt = loopback_run(strategy, tmp_path / "rebuilt")
+    assert node_data._cached_learner.cache_info().misses > 6 * 3
+    assert pinned(rebuilt) == pinned(kept)

@@ -1,9 +1,12 @@
-"""The built-in ClientApp's data and learners: one of each per node and process.
+"""The built-in ClientApp's data and learners, for the nodes a process served last.
 
-A simulation actor serves many nodes in turn, one message at a time, so each
-node's partition and learner are built on its first message and kept; nodes of
-one architecture share one model, into which each call loads the weights it is
-sent. They are kept for one run: an actor that serves the runs of a sweep in turn
+A simulation actor serves many nodes in turn, one message at a time. A node's
+partition and learner are built from the federation's plan (computed once per
+process) on its message and kept for the :data:`NODES_KEPT` nodes served last;
+nodes of one architecture share one model, into which each call loads the weights
+it is sent. A learner holds nothing a node keeps between rounds (that lives in
+Flower's ``context.state``), so building it again gives the same results. They are
+kept for one run: an actor that serves the runs of a sweep in turn
 (:func:`fl_clusters.ray_pool.actors_kept_between_runs`) drops a run's nodes when
 the next run's first message arrives.
 """
@@ -11,9 +14,10 @@ the next run's first message arrives.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import Context
 from torch.utils.data import TensorDataset
@@ -21,6 +25,8 @@ from torch.utils.data import TensorDataset
 from fl_clusters.client.queries import TEST_GROUPS
 from fl_clusters.config import parse_run_config, partition_settings
 from fl_clusters.data import ClientData, load_client_data, load_dataset
+from fl_clusters.data.client_data import train_mixture
+from fl_clusters.data.partition import cached_plan
 from fl_clusters.learner import TorchLearner, resolve_device
 from fl_clusters.models import build_model
 
@@ -43,10 +49,16 @@ def node_partition(context: Context) -> tuple[int, int]:
     return partition_id, num_partitions
 
 
-# Unbounded on purpose: one entry per node this process hosts. A Ray actor serves
-# every node of a 100-300 client federation in turn, and a bounded cache that the
-# federation outgrows re-partitions evicted nodes on every message.
-@cache
+# How many nodes' partitions and learners a process keeps: the ones it served last.
+# Building a node's again only indexes and transforms its samples from the plan the
+# process keeps (no partitioning), while keeping every node a process ever served
+# holds all their data, on the device too: at 10,000 nodes over two actors, every
+# client's. 32 keeps every node of the default 20-node federation and of the tests'
+# in every process, and bounds the rest.
+NODES_KEPT = 32
+
+
+@lru_cache(maxsize=NODES_KEPT)
 def _client_data(
     dataset: str, data_root: str, partition_id: int, num_partitions: int, partition: tuple
 ) -> ClientData:
@@ -78,7 +90,7 @@ def _forget_other_runs(context: Context) -> None:
 
 
 def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
-    """This node's partition, loaded once per process and run."""
+    """This node's partition, kept while it is among the process's last :data:`NODES_KEPT`."""
     _forget_other_runs(context)
     settings = parse_run_config({**context.run_config, **(overrides or {})})
     return _client_data(*_data_key(settings, context))
@@ -93,7 +105,7 @@ def _shared_model(
     return build_model(name, input_shape, num_classes).to(device)  # type: ignore[arg-type]
 
 
-@cache
+@lru_cache(maxsize=NODES_KEPT)
 def _cached_learner(
     data_key: tuple[Any, ...], model_name: str, device: str, threads: int
 ) -> TorchLearner:
@@ -117,7 +129,7 @@ def _cached_learner(
 
 
 def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) -> TorchLearner:
-    """This node's learner, built once per process and run, reused for every message.
+    """This node's learner, reused while the node is among the process's last :data:`NODES_KEPT`.
 
     Its data stay on the device between messages and nodes of one architecture
     share one model, into which each call loads the weights it is sent. Building a
@@ -133,6 +145,35 @@ def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) ->
     )
 
 
+def check_node(context: Context, overrides: Mapping[str, Any] | None = None) -> int:
+    """The start-up handshake's check that this node can load its data, keeping nothing for it.
+
+    Checks what building the node's learner checks (the run and node configs, the
+    data set, the federation's plan, the device and the model) from the plan and
+    the one model per architecture that the process keeps, without copying the
+    node's samples.
+
+    Returns
+    -------
+    int
+        The node's ground-truth group: the largest source of its train split.
+
+    Raises
+    ------
+    FileNotFoundError
+        The data set is missing.
+    ValueError
+        A bad config, device or model, or a plan that cannot be made
+        (:class:`~fl_clusters.errors.FederationProblem`, shared by every node).
+    """
+    _forget_other_runs(context)
+    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    dataset, data_root, partition_id, num_partitions, partition = _data_key(settings, context)
+    data = load_dataset(dataset, data_root or None)
+    plan = cached_plan(dataset, data_root or None, False, num_partitions, partition)
+    device = str(resolve_device(settings["device"]))
+    _shared_model(settings["model"], tuple(data.x.shape[1:]), data.num_classes, device)
+    return int(np.argmax(train_mixture(plan, partition_id)))
 
 
 def node_metadata(context: Context, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -51,13 +51,19 @@ class ClientNode:
         for metrics; strategies never read them. A ``"true-cluster"`` entry also
         rides on the handshake, for the server's progress lines.
     load_at_handshake : bool
-        Whether the handshake builds the learner, so that data no node can load
-        stop the run before round 1 (the problem rides on the reply).
+        Whether the handshake checks that the node can load its data, so that data
+        no node can load stop the run before round 1 (the problem rides on the reply).
+    check : Callable[[Context], int | None] | None
+        How the handshake checks it without keeping anything for the node: raises
+        what building the learner would raise and returns the node's ground-truth
+        group (None when unknown). None: the handshake builds the learner and
+        reads the group from ``metadata``.
     """
 
     learner: Callable[[Context], TorchLearner]
     metadata: Callable[[Context], Mapping[str, Any]] = no_metadata
     load_at_handshake: bool = True
+    check: Callable[[Context], int | None] | None = None
 
 
 def report_reply(
@@ -224,16 +230,21 @@ def _features(node: ClientNode, message: Message, context: Context) -> Message:
 
 
 def _identity(node: ClientNode, message: Message, context: Context) -> Message:
-    if node.load_at_handshake:
-        try:
+    if not node.load_at_handshake:
+        return identity_reply(message, context, node.metadata(context).get("true-cluster"))
+    try:
+        if node.check is not None:
+            group = node.check(context)
+        else:
             node.learner(context)
-        except (FileNotFoundError, ValueError) as err:
-            answer = identity_reply(message, context)
-            answer.content[p.STARTUP_PROBLEM] = ConfigRecord(
-                {"message": str(err), p.EVERY_NODE: isinstance(err, FederationProblem)}
-            )
-            return answer
-    return identity_reply(message, context, node.metadata(context).get("true-cluster"))
+            group = node.metadata(context).get("true-cluster")
+    except (FileNotFoundError, ValueError) as err:
+        answer = identity_reply(message, context)
+        answer.content[p.STARTUP_PROBLEM] = ConfigRecord(
+            {"message": str(err), p.EVERY_NODE: isinstance(err, FederationProblem)}
+        )
+        return answer
+    return identity_reply(message, context, group)
 
 
 def _kept_state(node: ClientNode, message: Message, context: Context) -> Message:

@@ -93,6 +93,12 @@ def transformed(
     return np.ascontiguousarray(x, dtype=np.float32), y.astype(np.int64)
 
 
+def train_mixture(plan: Plan, client_id: int) -> np.ndarray:
+    """The share of each source in client ``client_id``'s train split, from the plan alone."""
+    counts = np.bincount(plan.clients[client_id].train_sources, minlength=plan.num_groups)
+    return counts.astype(np.float64) / counts.sum()
+
+
 def materialize(dataset: ImageDataset, plan: Plan, client_id: int) -> ClientData:
     """Client ``client_id``'s images and labels, as its plan says."""
     client = plan.clients[client_id]
@@ -107,8 +113,7 @@ def materialize(dataset: ImageDataset, plan: Plan, client_id: int) -> ClientData
     x_val, y_val = transformed(
         dataset, plan, client, client.val_idx, client.val_sources, val_stream
     )
-    mixture = np.bincount(client.train_sources, minlength=plan.num_groups).astype(np.float64)
-    mixture /= mixture.sum()
+    mixture = train_mixture(plan, client_id)
     return ClientData(
         x_train=x_train,
         y_train=y_train,
