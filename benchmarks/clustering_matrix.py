@@ -134,7 +134,7 @@ def load(path: Path = OUT) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _overrides(pairs: list[str]) -> dict[str, Any]:
+def run_config_overrides(pairs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs read as ``flwr run --run-config`` reads them (strings quoted)."""
     from flwr.common.config import parse_config_args
 
@@ -168,7 +168,7 @@ def main(argv: list[str]) -> None:
     )
     parser.add_argument("--out", type=Path, default=OUT, help="results file")
     args = parser.parse_args(argv)
-    overrides = _overrides(args.set)
+    overrides = run_config_overrides(args.set)
     if overrides and args.out.resolve() == OUT.resolve():
         parser.error("--set measures non-default settings: write them elsewhere with --out")
     if args.quick:

@@ -18,6 +18,7 @@ table is printed.
     python benchmarks/scale.py [--clients 1000 3000 10000] [--sampled 100]
         [--strategies fedavg ifca] [--rounds 10] [--dataset fashion-mnist]
         [--data-root DIR] [--via flwr-run|simulation] [--out benchmarks/measured/scale.json]
+        [--run-config KEY=VALUE ...]
 
 The default job is issue 46's: Fashion-MNIST in four rotation groups with a copy of
 the data set per group (IFCA's rotated set), the MLP, 10 rounds.
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.clustering_matrix import run_config_overrides
 from benchmarks.overhead import (
     _maxrss_mb,
     client_learner,
@@ -202,6 +204,9 @@ def main() -> None:
                         help="folder of the data set's files ('' = the loader's default)")
     parser.add_argument("--via", choices=("flwr-run", "simulation"), default="flwr-run")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more run-config keys for every job, as `flwr run --run-config` "
+                             "reads them (e.g. validation-fraction=0.0 at 10,000 clients)")
     args = parser.parse_args()
     if any(args.sampled > clients for clients in args.clients):
         parser.error(f"--sampled {args.sampled} exceeds the smallest --clients")
@@ -211,7 +216,8 @@ def main() -> None:
     for strategy in args.strategies:
         for clients in args.clients:
             rows.append(measure(args.dataset, strategy, clients, args.sampled, args.rounds,
-                                args.via, {"data-root": args.data_root}))
+                                args.via, {"data-root": args.data_root,
+                                           **run_config_overrides(args.run_config)}))
             info["load_average_after"] = os.getloadavg()
             write_results(args.out, source, info, rows)
     print(markdown_table(rows))
