@@ -53,11 +53,19 @@ run: setup
 stop-local-superlink:
 	deploy/stop-local-superlink.sh
 
-test: setup
-	$(PY) -m pytest -q -m "not slow"
+# The suite runs on TEST_WORKERS processes (pytest-xdist): a federation of the
+# suite keeps about one core busy, so two share a 2-core machine. Tests of the one
+# local SuperLink, the deployments and the Ray cluster run in one process, one
+# after another (the "machine" group, tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
+test: setup
+	$(PYTEST) -m "not slow"
+
+# The slowest tests are listed at the end, so that CI's log shows where time goes.
 test-all: setup
-	$(PY) -m pytest -q
+	$(PYTEST) --durations=25
 
 lint: setup
 	$(BIN)/ruff check fl_clusters tests benchmarks examples

@@ -27,6 +27,11 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fl_clusters import protocol as p
 from fl_clusters.client_app import build_client_app
+from fl_clusters.ray_env import (
+    RAY_ADDRESS_ENV,
+    RAY_LOOPBACK_ENV,
+    start_own_ray_unless_a_cluster_is_named,
+)
 from fl_clusters.ray_pool import actors_kept_between_runs
 from fl_clusters.server_app import build_server_app
 from fl_clusters.sweep.simulation import RaySession
@@ -34,6 +39,25 @@ from fl_clusters.sweep.simulation import RaySession
 Federation = Callable[..., dict[str, Any]]
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+
+
+# Test modules that use what a machine has one of: the local SuperLink on
+# 127.0.0.1:39091 (`flwr run`), a Ray cluster started with `ray start` (its
+# ray_current_cluster file), loopback deployments sized for the machine's cores.
+MACHINE_MODULES = {"test_deploy", "test_example", "test_first_run", "test_ray_cluster"}
+# Ray in this process starts its own session on loopback, as the app's does: under
+# pytest-xdist a plain ``ray.init()`` would join a cluster that another worker's
+# test started with `ray start`.
+start_own_ray_unless_a_cluster_is_named()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests of the machine's one SuperLink, Ray cluster and deployments in one
+    xdist group, so that ``--dist loadgroup`` runs them one after another."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if module in MACHINE_MODULES or "fresh_checkout" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("machine"))
 
 
 def stop_local_superlink() -> None:
@@ -169,7 +193,9 @@ def fresh_checkout(
     app = copy_app(ROOT, tmp_path / "app")
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "FLWR_HOME"}
+    # As a user's shell has them: no Flower home, no Ray settings (set above).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FLWR_HOME", RAY_ADDRESS_ENV, RAY_LOOPBACK_ENV)}
     env.update(
         HOME=str(home),
         PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
