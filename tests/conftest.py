@@ -51,9 +51,13 @@ MACHINE_MODULES = {"test_deploy", "test_example", "test_first_run", "test_ray_cl
 start_own_ray_unless_a_cluster_is_named()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Put the tests of the machine's one SuperLink, Ray cluster and deployments in one
-    xdist group, so that ``--dist loadgroup`` runs them one after another."""
+    xdist group, so that ``--dist loadgroup`` runs them one after another.
+
+    First among the hooks: pytest-xdist reads the groups in its own.
+    """
     for item in items:
         module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
         if module in MACHINE_MODULES or "fresh_checkout" in item.fixturenames:

@@ -304,3 +304,11 @@ def test_make_run_fails_without_the_results_line(output: str, status: int) -> No
     assert result.returncode == status
     assert ("make run: the run failed" in result.stderr) == (status == 1)
     assert result.stdout == output
+
+
+def test_the_machine_tests_run_in_one_xdist_group(request: pytest.FixtureRequest) -> None:
+    """Under `make test` (pytest-xdist, --dist loadgroup) this module's tests share one
+    worker with every other test of the local SuperLink (tests/conftest.py)."""
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("runs under --dist loadgroup (make test, make test-all)")
+    assert request.node.nodeid.endswith("@machine"), request.node.nodeid
