@@ -117,10 +117,10 @@ def test_more_groups_than_partitions_names_the_count_and_both_fixes() -> None:
     assert '--run-config "num-clusters=3"' in message
 
 
-def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls = []
+@pytest.fixture
+def plans_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of clients of every partition plan computed during the test."""
+    calls: list[int] = []
     plan = partition.plan_partition
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -129,6 +129,13 @@ def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
 
     monkeypatch.setattr(partition, "plan_partition", counted)
     partition._plan_or_problem.cache_clear()
+    return calls
+
+
+def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
+    plans_made: list[int],
+) -> None:
+    calls = plans_made
     reasons = {}
     for client in range(3):
         with pytest.raises(ValueError, match="got no validation sample") as error:
@@ -144,21 +151,12 @@ def test_a_plan_that_cannot_be_made_is_computed_once_and_refused_in_one_line(
         "fl-clusters: no node can take part; partition 0 said: client ")
 
 
-
 def test_a_federation_too_fine_for_its_splits_stops_after_one_node_answered(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    plans_made: list[int], tmp_path: Path
 ) -> None:
     # The same partition as a 700-node run config: the server asks one node,
     # which computes the plan once and says every node shares the reason.
-    calls = []
-    plan = partition.plan_partition
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(args[1])
-        return plan(*args, **kwargs)
-
-    monkeypatch.setattr(partition, "plan_partition", counted)
-    partition._plan_or_problem.cache_clear()
+    calls = plans_made
 
     class CountingGrid(LoopbackGrid):
         def __init__(self, *args: Any) -> None:
