@@ -187,6 +187,8 @@ def run_config(
         "num-rounds": rounds,
         "min-nodes": clients,
         "plots": False,
+        # Flower's own round lines: RoundMarks times the rounds from them.
+        "verbose": True,
         "results-dir": results_dir,
         "max-in-flight": max_in_flight,
         **(overrides or {}),
