@@ -57,7 +57,10 @@ RECIPES: dict[str, dict[str, Any]] = {
     "adam": {"optimizer": "adam", "learning-rate": 0.001},
 }
 EPOCHS = (1, 5)
-STRATEGY_SETTINGS: dict[str, dict[str, Any]] = {"acfl": {"validation-fraction": 0.2}}
+# ACFL's phase 1 budget below the run's rounds, as its start requires (docs/plugin.md).
+STRATEGY_SETTINGS: dict[str, dict[str, Any]] = {
+    "acfl": {"validation-fraction": 0.2, "acfl-phase1-rounds": 3},
+}
 
 
 def cell_key(strategy: str, recipe: str, epochs: int, seed: int) -> str:

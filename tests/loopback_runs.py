@@ -29,10 +29,12 @@ from fl_clusters.loopback import LoopbackGrid
 
 NUM_CLIENTS = 6
 # Two label-permutation groups on the bundled digits: every strategy's round is
-# a few milliseconds of training, and the groups are easy to tell apart.
+# a few milliseconds of training, and the groups are easy to tell apart. ACFL's
+# phase 1 ends after round 1, so its clustering runs within the 3 rounds (and the
+# 2 of a stopped run).
 TINY_JOB = {
     "dataset": "digits", "cluster-structure": "label-permutation", "num-clusters": 2,
-    "num-rounds": 3, "local-steps": 2, "plots": False, "seed": 1,
+    "num-rounds": 3, "local-steps": 2, "plots": False, "seed": 1, "acfl-phase1-rounds": 1,
 }
 
 

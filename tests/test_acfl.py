@@ -8,6 +8,7 @@ are noise (see the ACFL class notes).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import ClassVar
@@ -18,6 +19,7 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 
 from fl_clusters import protocol as p
 from fl_clusters.data import FASHION_MNIST_ROOT
+from fl_clusters.errors import ConfigurationError
 from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.strategies import ACFL
 from tests.conftest import NodesOnly, train_reply, two_layer_model
@@ -117,7 +119,8 @@ def test_acfl_recovers_rotations_with_the_papers_data_per_client(federation) -> 
     """
     acfl = federation(
         {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "rotation",
-         "num-clusters": 4, "num-rounds": 4, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
+         "num-clusters": 4, "num-rounds": 4, "acfl-trial-epochs": 3, "acfl-gate": "absolute",
+         "acfl-phase1-rounds": 3}
     )
     assert acfl["num_clusters_found"] == 4, acfl
     assert acfl["ari"] >= 0.8, acfl  # at most one client misplaced
@@ -139,26 +142,26 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
     """
     acfl = federation(
         {"strategy": "acfl", "dataset": "fashion-mnist", "cluster-structure": "none",
-         "num-rounds": 7, "acfl-trial-epochs": 3, "acfl-gate": "absolute"}
+         "num-rounds": 7, "acfl-trial-epochs": 3, "acfl-gate": "absolute",
+         "acfl-phase1-rounds": 6}
     )
     assert acfl["num_clusters_found"] == 1, acfl
     assert acfl["trial_evaluations"] == NUM_CLIENTS - 1  # every candidate accepted once
 
 
-def test_a_phase_1_budget_the_run_cannot_reach_is_named_at_the_start(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_a_phase_1_budget_the_run_cannot_reach_is_refused_at_the_start(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from fl_clusters.strategies.base import ClusteredStrategy
 
     # The shared start-up (the handshake) is not what is tested here.
     monkeypatch.setattr(ClusteredStrategy, "prepare", lambda *args: None)
-    with caplog.at_level(logging.WARNING):
-        ACFL(phase1_rounds=9).prepare(None, 60.0, 10)  # type: ignore[arg-type]
-        assert not caplog.text
+    ACFL(phase1_rounds=9).prepare(None, 60.0, 10)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=re.escape(
+        "phase1_rounds=10 is not below the run's 10 rounds")) as refused:
         ACFL().prepare(None, 60.0, 10)  # type: ignore[arg-type]
-    assert ("phase1_rounds=10 is not below the run's 10 rounds" in caplog.text
-            and "pass e.g. ACFL(phase1_rounds=3) (run-config acfl-phase1-rounds=3)"
-            in caplog.text)
+    assert "Fix: pass e.g. ACFL(phase1_rounds=3) (run-config acfl-phase1-rounds=3)" in str(
+        refused.value)
 
 
 class TrainLog(LoopbackGrid):

@@ -39,7 +39,8 @@ def test_cfl_and_acfl_recover_rotations_and_beat_fedavg(federation) -> None:
     cfl = federation({**ROTATION, "strategy": "cfl"})
     # The absolute phase-1 gate: this test is about the incentive clustering, which
     # the relative gate would start only after the norms level off (round 5 or later).
-    acfl = federation({**ROTATION, "strategy": "acfl", "acfl-gate": "absolute"})
+    acfl = federation({**ROTATION, "strategy": "acfl", "acfl-gate": "absolute",
+                       "acfl-phase1-rounds": 9})
     fedavg = federation({**ROTATION, "strategy": "fedavg"})
 
     assert cfl["num_clusters_found"] == 4, cfl

@@ -252,6 +252,7 @@ PAPER_DIGESTS = {
     "FLDC": (2, "391393afd046"),
     "FLHC": (1, "25f86a6e2248"),
     "FedEM": (1, "14aef8b2a54c"),
+    "FedSoft": (1, "14aef8b2a54c"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),
 }

@@ -19,6 +19,7 @@ from fl_clusters.clustering import (
     pairwise_cosine,
     update_norms,
 )
+from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
 from fl_clusters.strategies.params import NOT_GIVEN, Param
@@ -75,8 +76,9 @@ class ACFL(HardClusteredStrategy):
     phase1_rounds : int (default: 10)
         Phase 1 ends after this many rounds whatever the norms, >= 1 (the paper
         clusters at round 40 of 100-round runs; the bundled runs are 10-20 rounds).
-        At or above the run's rounds, the start warns, naming one that fits:
-        unless the norms level off, phase 1 never ends and the run is FedAvg.
+        At or above the run's rounds the start refuses, naming one that fits:
+        unless the norms level off, phase 1 would never end and the run would be
+        plain FedAvg.
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps (the
@@ -232,13 +234,22 @@ class ACFL(HardClusteredStrategy):
 
     # ----------------------------------------------------------------- training
     def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
-        """Warn when phase 1's round budget does not end within the run; the shared start-up."""
+        """Refuse a phase 1 round budget the run cannot reach; the shared start-up.
+
+        Raises
+        ------
+        ConfigurationError
+            If ``phase1_rounds`` is not below ``num_rounds``: unless the update norms
+            level off, phase 1 would never end and the run would be plain FedAvg.
+        """
         if self.phase1_rounds >= num_rounds:
             fits = max(1, num_rounds // 3)
-            log(WARNING, "ACFL: phase1_rounds=%d is not below the run's %d rounds: unless the "
-                "update norms level off, phase 1 never ends and the run is plain FedAvg; pass "
-                "e.g. ACFL(phase1_rounds=%d) (run-config acfl-phase1-rounds=%d)",
-                self.phase1_rounds, num_rounds, fits, fits)
+            raise ConfigurationError(
+                f"ACFL: phase1_rounds={self.phase1_rounds} is not below the run's {num_rounds} "
+                "rounds: unless the update norms level off, phase 1 never ends and the run "
+                f"is plain FedAvg. Fix: pass e.g. ACFL(phase1_rounds={fits}) (run-config "
+                f"acfl-phase1-rounds={fits}), or run more than {self.phase1_rounds} rounds"
+            )
         super().prepare(grid, timeout, num_rounds)
 
     def configure_train(
