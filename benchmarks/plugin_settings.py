@@ -17,8 +17,9 @@ loss, as the wrapper chooses) and its accuracy on the partition's test loader,
 the ARI of the choices against the groups, their mean and minimum, the seconds
 the run took, and every distinct warning it logged. A strategy that says it
 cannot work the setting, by a start-up warning of :data:`CANNOT_WARNINGS` or by
-raising (its constructor or start refusing), records that reason (``cannot``),
-which the table shows instead of its numbers. The file
+raising (fl-clusters' code: its constructor or start refusing), records that
+reason (``cannot``), which the table shows instead of its numbers; an error
+raised elsewhere (the app, Flower, this script) stops the sweep. The file
 (``benchmarks/measured/plugin-settings.json``) is replaced atomically after every
 run with the provenance of each invocation, so a run cut short keeps what it
 measured; a rerun skips the runs recorded for the same commit and settings.
@@ -39,6 +40,7 @@ import json
 import logging
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
 from collections.abc import Iterator, Mapping
@@ -80,9 +82,8 @@ BASE_CONFIG: dict[str, Any] = {
     **QUICKSTART_CONFIG, "num-server-rounds": ROUNDS, "validation-fraction": 0.2,
 }
 # Start-up warnings by which a strategy says it cannot do what the run asks, though
-# it runs on: FLDC's on groups too small for DBSCAN's min_pts, ACFL's on a phase 1
-# that cannot end within the run.
-CANNOT_WARNINGS = ("cannot form its own DBSCAN cluster", "is not below the run's")
+# it runs on: FLDC's on groups too small for DBSCAN's min_pts.
+CANNOT_WARNINGS = ("cannot form its own DBSCAN cluster",)
 
 # The example task's one optimizer line, and the user's Adam in its place.
 ADAM_DIFF = """\
@@ -258,7 +259,8 @@ def section(results: Mapping[str, Any]) -> str:
         "and `Net`) on settings chosen before measuring, each changing one of those,",
         f"{ROUNDS} rounds, Flower's FedAvg (the quickstart unplugged) as the reference:",
         "",
-        *[f"- {setting.label}: {setting.held_out}." for setting in SETTINGS.values()],
+        *[textwrap.fill(f"- {setting.label}: {setting.held_out}.", width=88,
+                        subsequent_indent="  ") for setting in SETTINGS.values()],
         "",
         "```bash",
         "PYTHONPATH=$PWD .venv/bin/python benchmarks/plugin_settings.py",
@@ -272,7 +274,8 @@ def section(results: Mapping[str, Any]) -> str:
         f"`benchmarks/measured/{OUT.name}` records each run (with the command, commit and",
         "machine). ARI: of each partition's model (lowest training loss, as the wrapper",
         "chooses) against its group; accuracy: that model's on the partition's test data,",
-        "mean and minimum over partitions (and seeds).",
+        "mean and minimum over partitions (and seeds). A seed seeds torch's generator (the",
+        "app's initial weights and loader shuffles); the strategies keep their `seed=0`.",
         "",
         "| setting | strategy | ARI by seed | mean accuracy | min accuracy | seconds a run |",
         "|---|---|---|---|---|---|",
@@ -310,7 +313,7 @@ def section(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _measured_numbers() -> ModuleType:
+def measured_numbers() -> ModuleType:
     """docs/measured_numbers.py, the renderer of the markers."""
     spec = importlib.util.spec_from_file_location(
         "measured_numbers", ROOT / "docs" / "measured_numbers.py")
@@ -325,7 +328,7 @@ def _measured_numbers() -> ModuleType:
 
 def rendered_section(results: Mapping[str, Any]) -> str:
     """:func:`section` with its markers' numbers filled in from :data:`OUT`."""
-    return _measured_numbers().render(section(results))
+    return measured_numbers().render(section(results))
 
 
 def page_with_section(page: str, text: str) -> str:

@@ -7,10 +7,8 @@ records resume, and docs/plugin.md's section is the one its results file renders
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +21,7 @@ import fl_clusters.strategies
 from benchmarks import plugin_settings as sweep
 from benchmarks.plugin_quickstart import EXAMPLE, app_package, plugged_diffs, write_app
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _measured_numbers() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "measured_numbers", ROOT / "docs" / "measured_numbers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-RENDERER = _measured_numbers()
+RENDERER = sweep.measured_numbers()
 
 
 @pytest.mark.parametrize("name", list(sweep.SETTINGS))
