@@ -72,8 +72,8 @@ def test_readme_snippet_turns_quickstart_into_a_clustered_run(tmp_path: Path) ->
     # The README's saving lines write one file per cluster that the app's own Net
     # loads as it is (strict: no packed "cluster-<j>/" names; run_app loads each).
     assert [path.name for path in outcome.models] == ["final_model_0.pt", "final_model_1.pt"]
-    chosen, accuracy = outcome.chosen, outcome.accuracy
     # Each node's model: the lowest training loss, as the wrapper chooses.
+    chosen, accuracy = outcome.chosen, outcome.accuracy
     assert adjusted_rand_score(outcome.groups, chosen) == 1.0, (outcome.groups, chosen)
     # One model for both groups cannot pass 0.5 on both (their labels disagree).
     assert min(accuracy) >= 0.8, accuracy
