@@ -2,7 +2,7 @@
 
 The README's "Plug into your own Flower app" section holds two diffs (client,
 server). They are applied line for line to Flower's quickstart ClientApp and
-ServerApp (tests/plugin_quickstart.py), on the example's offline task (digits,
+ServerApp (benchmarks/plugin_quickstart.py), on the example's offline task (digits,
 two client groups whose labels disagree, the quickstart's SGD with momentum),
 and the patched apps run a whole federation in process, then save one model
 per cluster that the quickstart's ``Net`` loads.
@@ -13,93 +13,30 @@ from __future__ import annotations
 import csv
 import importlib
 import json
-import re
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
 import fl_clusters.strategies
-from fl_clusters.config import parse_run_config
-from fl_clusters.strategies.registry import build_strategy, strategy_names
-from tests.plugin_quickstart import (
-    EXAMPLE,
+from benchmarks.plugin_quickstart import (
     QUICKSTART_CLIENT,
     QUICKSTART_CONFIG,
-    QUICKSTART_SERVER,
-    ROOT,
     app_package,
+    apply_diff,
+    plugin_table_constructors,
+    readme_diffs,
+    run_app,
     run_server,
+    write_app,
 )
+from fl_clusters.config import parse_run_config
+from fl_clusters.strategies.registry import build_strategy, strategy_names
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
-SECTION = "## Plug into your own Flower app"
 NODES = 6
-
-
-def readme_diffs() -> list[str]:
-    """The fenced ``diff`` blocks of the README's plug-in section, in order."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index(SECTION)
-    end = text.index("\n## ", start + len(SECTION))
-    return re.findall(r"```diff\n(.*?)```", text[start:end], flags=re.S)
-
-
-def apply_diff(source: str, diff: str) -> str:
-    """Apply a README-style diff: ``...`` skips lines, the other lines match in order.
-
-    A context (`` ``) or removed (``-``) line must be the next line of ``source``,
-    or any later one after ``...`` (and at the start); ``+`` lines go in where the
-    cursor is. A diff line that matches nothing fails, so a README drifting from
-    the quickstart fails here.
-    """
-    lines = source.splitlines()
-    cursor, skip = 0, True
-    for raw in diff.splitlines():
-        if raw.strip() == "...":
-            skip = True
-            continue
-        sign, text = (raw[0], raw[1:]) if raw else (" ", "")
-        if sign == "+":
-            lines.insert(cursor, text)
-            cursor += 1
-            continue
-        assert sign in " -", f"diff line {raw!r} starts with neither ' ', '-' nor '+'"
-        candidates = range(cursor, len(lines)) if skip else range(cursor, cursor + 1)
-        found = next((i for i in candidates if i < len(lines) and lines[i] == text), None)
-        assert found is not None, f"diff line {raw!r} matches no line of the quickstart"
-        cursor, skip = found, False
-        if sign == "-":
-            del lines[cursor]
-        else:
-            cursor += 1
-    return "\n".join(lines) + "\n"
-
-
-def write_app(folder: Path, diffs: list[str]) -> Path:
-    """The quickstart package with the diffs applied, on the example's offline task."""
-    package = folder / "pytorchexample"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    shutil.copy(EXAMPLE / "pytorchexample" / "task.py", package / "task.py")
-    client, server = diffs
-    (package / "client_app.py").write_text(apply_diff(QUICKSTART_CLIENT, client))
-    (package / "server_app.py").write_text(apply_diff(QUICKSTART_SERVER, server))
-    return folder
-
-
-def plugin_table_constructors() -> list[str]:
-    """The constructor calls of docs/plugin.md's "which strategies" table, row by row."""
-    text = (ROOT / "docs" / "plugin.md").read_text()
-    start = text.index("| strategy | in your ServerApp |")
-    rows = [row for row in text[start:text.index("\n\n", start)].splitlines()[2:]
-            if row.startswith("|")]
-    return [call for row in rows
-            for call in re.findall(r"`([A-Za-z]+\(.*?\))`", row.split("|")[2])]
 
 
 def test_plugin_table_lists_every_strategy_with_working_constructor_calls() -> None:
@@ -124,43 +61,20 @@ def test_readme_has_a_client_and_a_server_diff() -> None:
 
 
 def test_apply_diff_fails_on_a_line_the_quickstart_lacks() -> None:
-    with pytest.raises(AssertionError, match="matches no line"):
+    with pytest.raises(ValueError, match="matches no line"):
         apply_diff(QUICKSTART_CLIENT, " app = ClientApp(mods=[])\n+clustered = None\n")
 
 
-def test_readme_snippet_turns_quickstart_into_a_clustered_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_readme_snippet_turns_quickstart_into_a_clustered_run(tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    folder = write_app(tmp_path, readme_diffs())
-    # The quickstart saves its final model to the working directory.
-    monkeypatch.chdir(tmp_path)
-    with app_package(folder):
-        client_app = importlib.import_module("pytorchexample.client_app")
-        server_app = importlib.import_module("pytorchexample.server_app")
-        task = importlib.import_module("pytorchexample.task")
-        grid = run_server(server_app.app, client_app.app, NODES, QUICKSTART_CONFIG)
-        # The README's saving lines write one file per cluster that the app's own
-        # Net loads as it is (strict: no packed "cluster-<j>/" names).
-        saved = sorted(tmp_path.glob("final_model*.pt"))
-        assert [path.name for path in saved] == ["final_model_0.pt", "final_model_1.pt"]
-        nets = []
-        for path in saved:
-            nets.append(task.Net())
-            nets[-1].load_state_dict(torch.load(path))
-        chosen, accuracy = [], []
-        for context in grid.contexts.values():
-            partition = int(context.node_config["partition-id"])
-            train, test = task.load_data(partition, NODES, 64)
-            # Each node's model: the lowest training loss, as the wrapper chooses.
-            losses, scores = [], []
-            for net in nets:
-                losses.append(task.test(net, train, torch.device("cpu"))[0])
-                scores.append(task.test(net, test, torch.device("cpu"))[1])
-            chosen.append(int(np.argmin(losses)))
-            accuracy.append(scores[chosen[-1]])
-        groups = [task.group_of(i) for i in range(NODES)]
-    assert adjusted_rand_score(groups, chosen) == 1.0, (groups, chosen)
+    # The quickstart saves its final model to the working directory: tmp_path.
+    outcome = run_app(write_app(tmp_path, readme_diffs()), NODES, QUICKSTART_CONFIG)
+    # The README's saving lines write one file per cluster that the app's own Net
+    # loads as it is (strict: no packed "cluster-<j>/" names; run_app loads each).
+    assert [path.name for path in outcome.models] == ["final_model_0.pt", "final_model_1.pt"]
+    # Each node's model: the lowest training loss, as the wrapper chooses.
+    chosen, accuracy = outcome.chosen, outcome.accuracy
+    assert adjusted_rand_score(outcome.groups, chosen) == 1.0, (outcome.groups, chosen)
     # One model for both groups cannot pass 0.5 on both (their labels disagree).
     assert min(accuracy) >= 0.8, accuracy
     # The README's last line writes the library's results folder: each partition's

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.plugin_quickstart import EXAMPLE, app_package, run_server
+from benchmarks.plugin_quickstart import EXAMPLE, app_package, run_server
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 

@@ -3,9 +3,12 @@
 Same structure and behaviour as Flower's quickstart-pytorch: a small CNN, a
 ``train`` loop with SGD and momentum 0.9, a ``test`` loop, dict batches
 ``{"img", "label"}``. The data are made offline from scikit-learn's digits (8x8
-grey images) instead of downloading CIFAR-10, and the clients form two groups:
-odd partitions name every digit five further along (a label permutation), so
-one global model cannot serve both groups and one model per group can.
+grey images) instead of downloading CIFAR-10, and the clients form
+``NUM_GROUPS`` groups (partition ``i`` is in group ``i % NUM_GROUPS``): group ``g``
+names every digit ``g * 10 // NUM_GROUPS`` further along (a label permutation;
+with two groups, odd partitions name every digit five further along). Any two
+groups disagree on every digit, so one global model cannot serve them all and
+one model per group can.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 NUM_GROUPS = 2
-LABEL_SHIFT = 5
 
 # The run config of pyproject.toml. `run_simulation` hands apps an empty run
 # config, so the code carries the defaults too (a test keeps both equal).
@@ -96,7 +98,7 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _split(images: np.ndarray, labels: np.ndarray, group: int) -> DigitImages:
-    return DigitImages(images, (labels + group * LABEL_SHIFT) % 10)
+    return DigitImages(images, (labels + group * 10 // NUM_GROUPS) % 10)
 
 
 def _partition(partition_id: int, num_partitions: int) -> np.ndarray:
