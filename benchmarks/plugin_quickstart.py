@@ -289,6 +289,9 @@ def apply_diff(source: str, diff: str) -> str:
 def write_app(folder: Path, diffs: Sequence[str], task_diffs: Sequence[str] = ()) -> Path:
     """The quickstart package under ``folder`` with the client and server ``diffs`` applied.
 
+    ``diffs`` ends with the server's diff; the ones before it go to the client, in
+    order (the README's, then e.g. the proximal recipe's, :func:`plugged_diffs`).
+
     Its ``task.py`` is the example's offline task, with ``task_diffs`` applied in
     order (a setting's change to the user's task). Returns ``folder``.
     """
@@ -299,10 +302,18 @@ def write_app(folder: Path, diffs: Sequence[str], task_diffs: Sequence[str] = ()
     for diff in task_diffs:
         task = apply_diff(task, diff)
     (package / "task.py").write_text(task)
-    client, server = diffs
-    (package / "client_app.py").write_text(apply_diff(QUICKSTART_CLIENT, client))
+    *clients, server = diffs
+    client = QUICKSTART_CLIENT
+    for diff in clients:
+        client = apply_diff(client, diff)
+    (package / "client_app.py").write_text(client)
     (package / "server_app.py").write_text(apply_diff(QUICKSTART_SERVER, server))
     return folder
+
+
+PROXIMAL_SECTION = "### FedProx / FedSoft proximal term"
+# The strategies whose documented recipe adds the proximal term to the user's loss.
+PROXIMAL = ("FedSoft",)
 
 
 def plugin_table_constructors() -> list[str]:
@@ -367,12 +378,24 @@ def acfl_client(client: str) -> str:
     return client.replace(README_LOADERS, plus).replace(TRAIN_HANDLER, handler)
 
 
+def proximal_recipe() -> tuple[str, str]:
+    """docs/plugin.md's proximal-term recipe: the ``task.py`` diff and the train
+    handler's diff."""
+    text = (ROOT / "docs" / "plugin.md").read_text()
+    section = text[text.index(PROXIMAL_SECTION):]
+    task_diff, handler_diff = re.findall(r"```diff\n(.*?)```", section, flags=re.S)[:2]
+    return task_diff, handler_diff
+
+
 def plugged_diffs(strategy: str, groups: int = 2) -> list[str]:
     """The client and server diffs that plug ``strategy`` into the quickstart.
 
     The README's, with its IFCA line swapped for :func:`documented_call`; ACFL's
-    client also takes the validation recipe (:func:`acfl_client`). :data:`FEDAVG`
-    is the quickstart as it is (no diff).
+    client also takes the validation recipe (:func:`acfl_client`), FedSoft's the
+    proximal term in its train handler (:func:`proximal_recipe`; the example's
+    ``train()`` takes the ``regularizer`` the recipe's ``task.py`` diff adds).
+    :data:`FEDAVG` is the quickstart as it is (no diff). The last diff is the
+    server's (:func:`write_app`).
     """
     if strategy == FEDAVG:
         return ["", ""]
@@ -383,6 +406,8 @@ def plugged_diffs(strategy: str, groups: int = 2) -> list[str]:
         "import IFCA, cluster_models", f"import {strategy}, cluster_models")
     if strategy == "ACFL":
         client = acfl_client(client)
+    if strategy in PROXIMAL:
+        return [client, proximal_recipe()[1], server]
     return [client, server]
 
 

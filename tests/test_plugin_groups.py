@@ -16,7 +16,6 @@ cannot tell two groups of 3 nodes apart on its defaults (FLDC: DBSCAN's MinPts
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +24,9 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 from benchmarks.plugin_quickstart import (
-    QUICKSTART_CLIENT,
     QUICKSTART_CONFIG,
-    ROOT,
-    apply_diff,
     plugged_diffs,
-    readme_diffs,
+    proximal_recipe,
     run_app,
     write_app,
 )
@@ -70,12 +66,18 @@ def test_plugged_strategy_finds_the_groups_in_the_quickstart(
     assert min(accuracy) >= 0.5 and np.mean(accuracy) >= FEDAVG_MEAN + 0.15, accuracy
 
 
-def test_fedsoft_handler_diff_applies_to_the_quickstart() -> None:
-    text = (ROOT / "docs" / "plugin.md").read_text()
-    section = text[text.index("### FedProx / FedSoft proximal term"):]
-    task_diff, handler_diff = re.findall(r"```diff\n(.*?)```", section, flags=re.S)[:2]
-    assert "+def train(net, trainloader, epochs, lr, device, regularizer=" in task_diff
-    client = apply_diff(apply_diff(QUICKSTART_CLIENT, readme_diffs()[0]), handler_diff)
-    # The regularizer goes in as the last argument of the quickstart's own call.
+def test_fedsoft_plugs_in_with_the_documented_proximal_recipe(tmp_path: Path) -> None:
+    task_diff, _ = proximal_recipe()
+    folder = write_app(tmp_path, plugged_diffs("FedSoft"))
+    client = (folder / "pytorchexample" / "client_app.py").read_text()
+    task = (folder / "pytorchexample" / "task.py").read_text()
+    # The regularizer goes in as the last argument of the quickstart's own call; the
+    # example's train() has what the recipe's task.py diff adds: the argument, and the
+    # term backpropagated, not reported.
     assert "        device,\n        regularizer=clustered.regularizer,\n    )" in client
+    added = [line[1:].strip() for line in task_diff.splitlines() if line.startswith("+")]
+    assert added[0].startswith("def train(") and "regularizer=lambda net: 0.0" in added[0]
+    assert "regularizer: Callable[[nn.Module], Any] = lambda net: 0.0," in task
+    assert added[1] in task
     compile(client, "client_app.py", "exec")
+    assert len(plugged_diffs("IFCA")) == 2

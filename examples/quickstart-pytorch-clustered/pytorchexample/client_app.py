@@ -61,6 +61,7 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
         train_loss = train_fn(
             model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device,
             cfg["optimizer"],
+            regularizer=clustered.regularizer,  # fl-clusters: FedProx/FedSoft proximal term
         )
 
         metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}

@@ -13,7 +13,7 @@ one model per group can.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -166,8 +166,13 @@ def train(
     lr: float,
     device: torch.device,
     optimizer_name: str = "sgd-momentum",
+    regularizer: Callable[[nn.Module], Any] = lambda net: 0.0,
 ) -> float:
-    """Train the model on the training set; return the mean batch loss."""
+    """Train the model on the training set; return the mean batch loss.
+
+    ``regularizer(net)`` is added to the loss that is backpropagated, not to the
+    one reported: FedProx's and FedSoft's proximal term (docs/plugin.md).
+    """
     if optimizer_name not in OPTIMIZERS:
         raise ValueError(
             f"run-config key 'optimizer' is {optimizer_name!r}; allowed: {', '.join(OPTIMIZERS)}"
@@ -183,7 +188,7 @@ def train(
             labels = batch["label"].to(device)
             optimizer.zero_grad()
             loss = criterion(net(images), labels)
-            loss.backward()
+            (loss + regularizer(net)).backward()
             optimizer.step()
             running_loss += loss.item()
     return running_loss / (epochs * len(trainloader))
