@@ -61,6 +61,7 @@ from fl_clusters.client_app import build_client_app
 from fl_clusters.clustering import group_by_kmeans, output_layer_profiles, weighted_average
 from fl_clusters.config import parse_run_config, partition_settings
 from fl_clusters.data import load_client_data, load_dataset
+from fl_clusters.files import atomic_output
 from fl_clusters.learner import TorchLearner, resolve_device
 from fl_clusters.models import build_model
 from fl_clusters.server_app import build_server_app, initial_arrays
@@ -665,11 +666,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def write_results(
     out: Path, provenance: dict[str, Any], info: dict[str, Any], rows: list[dict[str, Any]]
 ) -> None:
-    """Write the run's provenance, the machine facts and the jobs measured so far to ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"provenance": provenance, "machine": info, "jobs": rows}, indent=2) + "\n"
-    )
+    """Write the run's provenance, the machine facts and the jobs measured so far to ``out``
+    (atomically: a run killed while writing leaves the file as it was)."""
+    with atomic_output(out) as stream:
+        stream.write((json.dumps({"provenance": provenance, "machine": info, "jobs": rows},
+                                 indent=2) + "\n").encode())
 
 
 def main() -> None:

@@ -13,7 +13,8 @@ clients, drawn with the run's seed, train and evaluate one after the other in
 one process, their data loaded only when first drawn (``plain_loop``): what the
 round would cost without Flower. The rows go to ``--out`` after every job (a run
 cut short keeps what it measured), with the run's provenance, and a markdown
-table is printed.
+table is printed. Jobs already in ``--out`` are kept (a job measured again replaces its
+row); each job records the provenance and machine load it was measured under.
 
     python benchmarks/scale.py [--clients 1000 3000 10000] [--sampled 100]
         [--strategies fedavg ifca] [--rounds 10] [--dataset fashion-mnist]
@@ -27,6 +28,7 @@ the data set per group (IFCA's rotated set), the MLP, 10 rounds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -211,16 +213,32 @@ def main() -> None:
     if any(args.sampled > clients for clients in args.clients):
         parser.error(f"--sampled {args.sampled} exceeds the smallest --clients")
     source = measurement_provenance()
-    info = {**machine_info(), "load_average_before": os.getloadavg()}
-    rows: list[dict[str, Any]] = []
+    info = machine_info()
+    rows = earlier_jobs(args.out)
     for strategy in args.strategies:
         for clients in args.clients:
-            rows.append(measure(args.dataset, strategy, clients, args.sampled, args.rounds,
-                                args.via, {"data-root": args.data_root,
-                                           **run_config_overrides(args.run_config)}))
-            info["load_average_after"] = os.getloadavg()
+            load_before = os.getloadavg()
+            row = measure(args.dataset, strategy, clients, args.sampled, args.rounds, args.via,
+                          {"data-root": args.data_root, **run_config_overrides(args.run_config)})
+            row["measured"] = {"provenance": source, "load_average_before": load_before,
+                               "load_average_after": os.getloadavg()}
+            rows = [kept for kept in rows if job_key(kept) != job_key(row)] + [row]
             write_results(args.out, source, info, rows)
     print(markdown_table(rows))
+
+
+def job_key(row: dict[str, Any]) -> str:
+    """What a job measured: its strategy, clients, sampled clients and run config."""
+    return json.dumps([row["strategy"], row["clients"], row["sampled"], row["run_config"]],
+                      sort_keys=True)
+
+
+def earlier_jobs(out: Path) -> list[dict[str, Any]]:
+    """The jobs ``out`` already holds, each with the provenance it was measured under; a
+    job measured again replaces its row, the others are kept."""
+    if not out.exists():
+        return []
+    return list(json.loads(out.read_text())["jobs"])
 
 
 if __name__ == "__main__":
