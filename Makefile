@@ -24,7 +24,8 @@ RUN_OUTPUT_FILTER := awk '{ if (held != "") print held; held = ""; \
 
 PYPROJECT_KEPT := .pyproject.toml.before-flwr-run
 
-.PHONY: setup run test test-all lint stop-local-superlink reproduce reproduce-quick
+.PHONY: setup run test test-all lint stop-local-superlink reproduce reproduce-quick \
+	reproduce-papers
 
 setup: $(VENV)/.installed
 
@@ -74,10 +75,22 @@ lint: setup
 # A sweep started again skips the runs it has recorded. quick.toml is a slice of
 # the clustering matrix, for reproduce-quick (its time on 2 cores: the "quick" sweep's
 # manifest and runs.jsonl under benchmarks/measured/sweeps/quick/).
-SWEEPS := $(filter-out benchmarks/sweeps/quick.toml,$(wildcard benchmarks/sweeps/*.toml))
+SWEEPS := $(filter-out benchmarks/sweeps/quick.toml benchmarks/sweeps/reproduce-%.toml,\
+	$(wildcard benchmarks/sweeps/*.toml))
+# One sweep per paper (benchmarks/sweeps/reproduce-*.toml), recorded under
+# benchmarks/measured/sweeps/ and read by docs/generate_reproductions.py into
+# docs/reproductions.md. Resumable: a sweep started again skips the runs it has
+# recorded. A sweep with a failed run still lets the others run; the target then fails.
+PAPER_SWEEPS := $(wildcard benchmarks/sweeps/reproduce-*.toml)
 
 reproduce: setup
 	@for sweep in $(SWEEPS); do $(PY) -m fl_clusters.sweep $$sweep || exit $$?; done
 
 reproduce-quick: setup
 	$(PY) -m fl_clusters.sweep benchmarks/sweeps/quick.toml
+
+reproduce-papers: setup
+	@status=0; for sweep in $(PAPER_SWEEPS); do \
+		$(PY) -m fl_clusters.sweep $$sweep --out benchmarks/measured/sweeps/$$(basename $$sweep .toml) \
+			|| status=$$?; \
+	done; $(PY) docs/generate_reproductions.py && exit $$status

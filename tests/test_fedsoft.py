@@ -322,11 +322,12 @@ def test_report_rejects_groups_that_do_not_match_the_test_split() -> None:
 # clusters (u error 0.15-0.30 measured). Nearly pure clients (mixture-alpha 0.1), each
 # source its own copy of the digits (copy-per-group: ~140 train samples per client
 # instead of ~70), no validation split (FedSoft does not use one), K = 5 and tau,
-# sigma the defaults. Two settings are not the defaults, and both were needed:
-# - fedsoft-init local-kmeans: with random cluster models the first estimates of u
-#   are noise, the first draws mix both sources and, since one MLP fits both quarter
-#   turns, both clusters often settle as generalists (both gaps >= 0.10 and u error
-#   <= 0.15 in 6 of 13 measured runs, default lambda, K 3);
+# sigma the defaults. Two settings were needed, both named here:
+# - fedsoft-init local-kmeans (the default, which preset='paper' changes): with
+#   random cluster models the first estimates of u are noise, the first draws mix
+#   both sources and, since one MLP fits both quarter turns, both clusters often
+#   settle as generalists (both gaps >= 0.10 and u error <= 0.15 in 6 of 13 measured
+#   runs, default lambda, K 3);
 # - fedsoft-lambda 0.01: at 0.1 each local model is pulled towards the cluster
 #   models, which a mixed client drawn for both clusters blends every few rounds, so
 #   the local models, and then the clusters (plain means of local models), drift to

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM
+from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM, FedSoft
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError
 from fl_clusters.strategies.presets import departs
@@ -34,6 +34,7 @@ def test_every_departure_from_the_paper_is_declared_with_its_reason() -> None:
     assert found["acfl"] == ["gate", "incentive_threshold", "trial_epochs"]
     assert found["flhc"] == ["threshold"]
     assert found["fedem"] == ["init"]
+    assert found["fedsoft"] == ["clients_per_cluster", "init"]
     for cls in ClusteredStrategy.registry.values():
         for param in departures(cls).values():
             assert param.why and param.source and param.paper != param.default
@@ -59,7 +60,7 @@ def test_a_departure_without_a_reason_cannot_be_declared() -> None:
               paper="kmeans++", why="a reason", source="a section")
 
 
-@pytest.mark.parametrize("cls", [IFCA, CFL, FLHC, FedEM])
+@pytest.mark.parametrize("cls", [IFCA, CFL, FLHC, FedEM, FedSoft])
 def test_paper_preset_takes_the_papers_values_and_robust_keeps_the_defaults(
     cls: type[ClusteredStrategy],
 ) -> None:
@@ -252,7 +253,7 @@ PAPER_DIGESTS = {
     "FLDC": (2, "391393afd046"),
     "FLHC": (1, "25f86a6e2248"),
     "FedEM": (1, "14aef8b2a54c"),
-    "FedSoft": (1, "14aef8b2a54c"),
+    "FedSoft": (2, "d0c1367c5c78"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),
 }

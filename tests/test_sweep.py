@@ -483,8 +483,26 @@ def test_a_killed_sweep_started_again_runs_only_the_cells_it_lacks(
                          ids=lambda path: path.name)
 def test_every_benchmark_sweep_file_is_valid(path: Path) -> None:
     sweep = load_sweep(path)
-    # The paper-scale cells use 20 clients; the held-out cell 40, on purpose.
-    assert sweep.cells and sweep.federation["num-supernodes"] in (20, 40)
+    # The paper-scale cells use 20 clients; the held-out cell 40, on purpose; a
+    # paper's reproduction its paper's 10 or 100 where 2 cores allow.
+    assert sweep.cells and sweep.federation["num-supernodes"] in (10, 20, 40, 100)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks" / "sweeps").glob("reproduce-*.toml")),
+                         ids=lambda path: path.name)
+def test_a_reproduction_sweep_runs_both_presets_on_five_seeds_and_says_what_it_scaled(
+    path: Path,
+) -> None:
+    sweep = load_sweep(path)
+    labels = {axis.name: {label for label, _ in axis.values} for axis in sweep.axes}
+    assert labels["seed"] == {"0", "1", "2", "3", "4"}
+    assert labels["preset"] == {"robust", "paper"}
+    # The paper's baselines are in the grid, every cell paired with them.
+    assert sweep.baseline_axis == "strategy" and sweep.baselines
+    # Its header cites each setting's source and says what was scaled down.
+    header = path.read_text().partition("\nname = ")[0]
+    assert "Settings and their sources:" in header and "Scaled down, and why:" in header
+    assert sweep.name == path.stem
 
 
 def test_the_console_script_lists_cells_and_which_are_recorded(

@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
-from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.params import NOT_GIVEN, Param
 from fl_clusters.strategies.replies import average_replies, train_losses
 from fl_clusters.strategies.shared_params import FRACTION_TRAIN, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -80,7 +80,13 @@ class FedEM(CentresFromStart):
               source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: M components "
               "randomly initialised"),
         Param("init_steps", 100, "int",
-              "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1),
+              "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1,
+              paper=NOT_GIVEN,
+              why="the warm start is the library's (the paper starts from random draws); "
+              "as for IFCA's, after ten steps from a common random start label-permuted "
+              "groups are inseparable, after a hundred the output layer's updates part "
+              "them (docs/clustering-defaults.md)",
+              source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: no warm start"),
         FRACTION_TRAIN,
     )
 

@@ -21,7 +21,9 @@ from fl_clusters.clustering import (
     weighted_average,
 )
 from fl_clusters.drawing import random_like
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.interface import Scoring
+from fl_clusters.strategies.local import LOCAL_MODELS_HELD_OUT
 from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
 from fl_clusters.strategies.shared_params import num_clusters_param
@@ -94,24 +96,62 @@ class FedSoft(CentresFromStart):
     warm_start_features = "whole-update"
     paper = "Ruan and Joe-Wong, AAAI 2022"
     client_needs = "`clustered.regularizer(net)` in the loss (below)"
+    # 2: preset="paper" draws the authors' K = 15 nodes per cluster.
+    paper_revision = 2
+    defaults_checked_against = (
+        "the authors' code (github.com/ycruan/FedSoft): main.py's estimation_interval = 2 "
+        "(tau), solvers.py's count_smoother = 1e-4 (sigma) and reg_weight = 0.1 for MNIST "
+        "and EMNIST letters (lambda; 0.01 for CIFAR-10); seed 004, section 4.1 names them "
+        "in Algorithm 1 without values"
+    )
     # No fraction_train: the strategy draws clients_per_cluster nodes per cluster.
     params = (
         num_clusters_param(2),
         Param("tau", 2, "int", "FedSoft: importance estimate every tau rounds", low=1),
         Param("sigma", 1e-4, "float", "FedSoft importance floor", low=0.0, high=1.0),
-        Param("clients_per_cluster", 5, "int", "FedSoft K", low=1),
+        Param("clients_per_cluster", 5, "int", "FedSoft K", low=1, paper=15,
+              why="K is a count of nodes, and a round trains up to S x K of them: 5 per "
+              "cluster trains at most half of the bundled 20 clients with S = 2, where "
+              "the authors' 15 of 20 trains nearly all",
+              source="the authors' code (github.com/ycruan/FedSoft, main.py: selection_size "
+              "= 15 for its 20 CIFAR-10 clients); Lai (seed 004), section 4.1, Algorithm 1 "
+              "names K without a value"),
         Param("proximal_lambda", 0.1, "float", "FedSoft proximal weight", low=0.0,
               key="fedsoft-lambda"),
         Param("init", "local-kmeans", "str",
               "FedSoft cluster models: k-means of a warm-start round, or random draws",
               choices=("local-kmeans", "random"), paper="random",
               why="from random draws the first importance estimates carry no information; "
-              "issue 45 reports FedSoft plugged into Flower's quickstart (6 nodes, 2 groups "
-              "with conflicting labels, momentum SGD at lr 0.1) at chance for rounds 1-6 of "
-              "10 from random draws and at 0.997 from local-kmeans (not re-measured here); "
-              "a warm-start round's k-means starts each model inside a group",
-              source="Ruan and Joe-Wong 2022 (not among the seeds; digest in ALGORITHMS.md, "
-              "reproduced in seed 004): the S cluster models start from random draws"),
+              "plugged into Flower's quickstart, FedSoft sat at chance for rounds 1-6 of 10 "
+              "from random draws",
+              source="Lai (seed 004), section 4.1, Algorithm 1: the centres c_s enter round "
+              "0 with no step that trains or groups them first"),
+    )
+    behaviours = (
+        LOCAL_MODELS_HELD_OUT,
+        Behaviour(
+            "estimate_late_joiners", "",
+            "a node that joined since the last estimate is asked for its importance "
+            "weights in the round it is first seen, not at the next multiple of tau",
+            "without weights a node cannot be drawn, so it would wait up to tau rounds",
+            "Lai (seed 004), section 4.1, Algorithm 1 steps 2-12: a fixed set of N clients "
+            "estimates every tau rounds", switch=False),
+        Behaviour(
+            "mean_of_returned", "",
+            "cluster s becomes the mean of the models its drawn nodes returned (one over "
+            "their number, not 1/K); a cluster none of whose drawn nodes returned keeps its model",
+            "the paper's nodes never fail; dividing by K when some did would shrink the "
+            "cluster model towards zero",
+            "Lai (seed 004), section 4.1, Algorithm 1 step 17: c_s = 1/K x the sum over "
+            "Sel_s", switch=False),
+        Behaviour(
+            "node_model_start", "",
+            "each node keeps its own model between rounds (its personalized model) and "
+            "starts it from the one initial model every node receives",
+            "a common start keeps the nodes' models aligned, so that averaging them into "
+            "a cluster model is meaningful",
+            "Lai (seed 004), section 4.1, Algorithm 1 step 16: w_k = argmin h_k, from a "
+            "start not given", switch=False),
     )
 
     def __init__(

@@ -11,8 +11,9 @@ from flwr.common.logger import log
 
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import REQUIRED, Param
+from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param
 from fl_clusters.strategies.replies import num_examples, reply_layers
 from fl_clusters.strategies.shared_params import num_clusters_param
 
@@ -56,7 +57,30 @@ class WeCFL(HardClusteredStrategy):
     paper = "Ma, Long, Zhou, Jiang, Zhang, 2022"
     params = (
         num_clusters_param(REQUIRED),
-        Param("n_init", 10, "int", "WeCFL: k-means++ starts of the first k-means", low=1),
+        Param("n_init", 10, "int", "WeCFL: k-means++ starts of the first k-means", low=1,
+              paper=NOT_GIVEN,
+              why="the lowest weighted inertia of ten k-means++ starts keeps one unlucky "
+              "start from fixing the clusters, at a cost small against a round's training",
+              source="Ma et al. 2022 (not among the seeds; the digest in ALGORITHMS.md "
+              "gives weighted k-means over the client models, not how it starts)"),
+    )
+    behaviours = (
+        Behaviour(
+            "unsampled_stand_ins", "",
+            "a node not sampled this round keeps its cluster and enters the k-means as its "
+            "cluster's model, weighted by its last reported data size",
+            "a round that samples only some groups would otherwise split one of them to "
+            "fill the clusters of the others",
+            "Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): the "
+            "alternation is given over all clients", switch=False),
+        Behaviour(
+            "unclustered_lowest_loss", "",
+            "a node never clustered (not sampled in round 1, or joined later) trains the "
+            "cluster model of lowest loss on its training split before k-means places it",
+            "it has no cluster model to train from, and the loss on its own training data "
+            "is what k-means would next judge it by",
+            "Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): every client "
+            "takes part from round 1", switch=False),
     )
 
     def __init__(self, num_clusters: int, *, n_init: int = 10, **kwargs: Any) -> None:

@@ -1,0 +1,152 @@
+"""docs/reproductions.md: the claims' verdicts from paired runs, and the page up to date."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from fl_clusters.sweep.cells import PAPER_REVISION, Sweep, paper_revision
+from fl_clusters.sweep.spec import load_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "generate_reproductions", ROOT / "docs" / "generate_reproductions.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    # Its dataclasses look their module up by name.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Sweep:
+    path = tmp_path_factory.mktemp("sweep") / "claims.toml"
+    path.write_text('baseline = {strategy = "fedavg"}\n[grid]\nseed = [0, 1, 2, 3, 4]\n'
+                    'preset = ["robust", "paper"]\nstrategy = ["ifca", "fedavg"]\n'
+                    'dirichlet-alpha = [1.0, 0.4]\n')
+    return load_sweep(path)
+
+
+def lines(sweep: Sweep, accuracy: dict[tuple[str, str], list[float]],
+          seeds: int = 5) -> list[dict[str, Any]]:
+    """runs.jsonl lines: ``accuracy[(strategy, preset)][seed]``, the same for both alphas."""
+    found = []
+    for cell in sweep.cells:
+        seed = int(cell.labels["seed"])
+        if seed >= seeds:
+            continue
+        revision = paper_revision(cell.settings)
+        settings = {**cell.settings, **({PAPER_REVISION: revision} if revision else {})}
+        found.append({
+            "key": cell.key, "cell": dict(cell.labels), "status": "ok",
+            "settings": settings, "git_commit": "0123456789abcdef", "git_dirty": False,
+            "summary": {"personalized_accuracy":
+                        accuracy[(cell.labels["strategy"], cell.labels["preset"])][seed],
+                        "cluster_accuracy": [0.9, None, 0.7]},
+        })
+    return found
+
+
+def claim(generator: ModuleType, relation: str = ">", margin: float = 0.0) -> Any:
+    return generator.Claim("claims", "IFCA beats FedAvg", {"strategy": "ifca"},
+                           {"strategy": "fedavg"}, relation, "IFCA 0.9, FedAvg 0.8",
+                           "a table", margin=margin, caveat="another data set")
+
+
+FEDAVG = [0.80, 0.82, 0.78, 0.81, 0.79]
+
+
+def test_a_claim_whose_seeds_all_agree_is_reproduced_and_a_reversed_one_contradicted(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    accuracy = {("ifca", "paper"): [a + 0.05 for a in FEDAVG],
+                ("ifca", "robust"): [a - 0.05 for a in FEDAVG],
+                ("fedavg", "paper"): FEDAVG, ("fedavg", "robust"): FEDAVG}
+    runs = lines(sweep, accuracy)
+    paper = generator.compare(sweep, runs, claim(generator), "paper")
+    # Paired seed by seed, the two alphas of a seed averaged: five differences.
+    assert paper.differences == pytest.approx({seed: 0.05 for seed in range(5)})
+    assert paper.commits == {"0123456789"} and paper.stale == 0
+    figures, outcome = generator.cell_text(claim(generator), paper, 5)
+    assert outcome == "reproduced"
+    assert figures == "0.850 ± 0.020 vs 0.800 ± 0.020; Δ +0.050 ± 0.000"
+    robust = generator.compare(sweep, runs, claim(generator), "robust")
+    # A claim that does not reproduce names what differs from the paper's setting.
+    assert generator.cell_text(claim(generator), robust, 5)[1] == (
+        "contradicted (another data set)")
+
+
+def test_differences_that_straddle_zero_are_not_significant(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    noisy = [0.03, -0.04, 0.02, -0.03, 0.01]
+    accuracy = {("ifca", "paper"): [a + d for a, d in zip(FEDAVG, noisy, strict=True)],
+                ("ifca", "robust"): FEDAVG, ("fedavg", "paper"): FEDAVG,
+                ("fedavg", "robust"): FEDAVG}
+    comparison = generator.compare(sweep, lines(sweep, accuracy), claim(generator), "paper")
+    assert generator.cell_text(claim(generator), comparison, 5)[1].startswith(
+        "not significant")
+
+
+def test_an_equivalence_claim_needs_its_interval_inside_the_margin(
+    generator: ModuleType,
+) -> None:
+    assert generator.verdict([0.004, -0.003, 0.001, 0.0, -0.002], "~", 0.02) == "reproduced"
+    assert generator.verdict([0.10, 0.12, 0.09, 0.11, 0.10], "~", 0.02) == "contradicted"
+    assert generator.verdict([0.03, -0.04, 0.02, -0.03, 0.01], "~", 0.02) == "not significant"
+    with pytest.raises(ValueError, match="margin"):
+        claim(generator, "~")
+    with pytest.raises(ValueError, match="two seeds"):
+        generator.verdict([0.1], ">")
+
+
+def test_a_sweep_with_missing_or_failed_seeds_gives_no_figures(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    accuracy = {(s, p): FEDAVG for s in ("ifca", "fedavg") for p in ("paper", "robust")}
+    three = generator.compare(sweep, lines(sweep, accuracy, seeds=3), claim(generator),
+                              "paper")
+    assert generator.cell_text(claim(generator), three, 5) == (
+        "not run yet (3 of 5 seeds)", "not run yet")
+    runs = lines(sweep, accuracy)
+    for line in runs:
+        if line["cell"]["seed"] == "4" and line["cell"]["strategy"] == "ifca":
+            line["status"] = "failed"
+    failed = generator.compare(sweep, runs, claim(generator), "paper")
+    assert sorted(failed.differences) == [0, 1, 2, 3]
+    assert generator.cell_text(claim(generator), generator.Comparison(), 5) == (
+        "not run yet", "not run yet")
+
+
+def test_a_list_field_counts_as_the_mean_of_its_numbers(generator: ModuleType) -> None:
+    line = {"status": "ok", "summary": {"cluster_accuracy": [0.9, None, 0.7]}}
+    assert generator.value(line, "cluster_accuracy") == pytest.approx(0.8)
+    assert generator.value({**line, "status": "failed"}, "cluster_accuracy") is None
+
+
+def test_every_reproduction_sweep_has_claims_that_name_its_cells(
+    generator: ModuleType,
+) -> None:
+    files = {path.stem for path in (ROOT / "benchmarks" / "sweeps").glob("reproduce-*.toml")}
+    claimed = {claim.sweep for claim in generator.CLAIMS}
+    assert claimed == files
+    for each in generator.CLAIMS:
+        labels = [cell.labels for cell in load_sweep(
+            ROOT / "benchmarks" / "sweeps" / f"{each.sweep}.toml").cells]
+        for side in (each.cell, each.other):
+            assert any(generator._matches(cell, side) for cell in labels), (each.text, side)
+
+
+def test_the_reproductions_page_is_up_to_date(generator: ModuleType) -> None:
+    assert generator.render() == (ROOT / "docs" / "reproductions.md").read_text(), (
+        "docs/reproductions.md is out of date; run: python docs/generate_reproductions.py")
