@@ -148,12 +148,16 @@ class CheckpointedRounds(Strategy):
         """Run rounds up to ``num_rounds`` (absolute), continuing a checkpoint if given.
 
         Parameters are those of Flower's ``Strategy.start``; ``num_rounds`` counts
-        the rounds before the checkpoint too, and its last round evaluates every
-        node. ``evaluate_fn`` gets absolute rounds.
+        the rounds before the checkpoint too. The last round evaluates its sample
+        like the others: the final report (:mod:`fl_clusters.report`) scores every
+        node once more anyway. ``evaluate_fn`` gets absolute rounds.
         """
         self._grid = grid
         self.timeout = timeout
         self.strategy.prepare(grid, timeout, num_rounds)
+        # A strategy in the user's own ServerApp evaluates every node in its last
+        # round, for lack of a report; here that would message every node twice.
+        self.strategy.final_round = None
         arrays = initial_arrays
         if self.resumed is not None:
             arrays = self.resumed.arrays

@@ -2,11 +2,12 @@
 
 Every message the ServerApp sends is counted per round and node on an
 in-process federation (:class:`~fl_clusters.loopback.LoopbackGrid`): with
-``fraction-train`` and ``fraction-evaluate`` below 1, a round other than the last
-reaches only the nodes drawn to train and those drawn to evaluate; the last
-round evaluates every node, and the handshake and the final report ask every
-node once. A process keeps learners and partitions for the nodes it served last
-only, and the handshake builds none.
+``fraction-train`` and ``fraction-evaluate`` below 1, every round reaches only
+the nodes drawn to train and those drawn to evaluate (in fl-clusters' own app the
+last round too: the final report scores every node), and the handshake and the
+final report ask every node once; a strategy in the user's own ServerApp
+evaluates every node in its last round. A process keeps learners and partitions
+for the nodes it served last only, and the handshake builds none.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def test_a_round_messages_only_its_training_and_evaluation_samples(
     strategy: dict[str, Any], tmp_path: Path
 ) -> None:
     grid, summary = counted_run(strategy, tmp_path)
-    everyone = set(grid.contexts)
     per_round: dict[int, list[tuple[str, int]]] = {}
     for kind, server_round, node in grid.sent:
         per_round.setdefault(server_round, []).append((kind, node))
@@ -86,14 +86,30 @@ def test_a_round_messages_only_its_training_and_evaluation_samples(
         # Nothing else goes out in a round, and no node gets a message twice per stage.
         assert len(train) + len(evaluate) == len(sent)
         assert len(set(train)) == len(train) == 4
-        assert len(set(evaluate)) == len(evaluate)
+        assert len(set(evaluate)) == len(evaluate) == 5
         evaluated.append(set(evaluate))
-        if server_round < NUM_ROUNDS:
-            assert len(evaluate) == 5
-    assert evaluated[-1] == everyone
     # The samples are drawn anew: not the same five nodes every round.
     assert evaluated[0] != evaluated[1]
     assert summary["num_clients"] == NUM_NODES
+
+
+@pytest.mark.parametrize("name", ["ifca", "fedavg"])
+def test_in_the_users_own_serverapp_the_last_round_evaluates_every_node(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fl_clusters.config import parse_run_config
+    from fl_clusters.strategies import base
+    from fl_clusters.strategies.registry import build_strategy
+
+    # What Strategy.start runs first; the handshake itself is not what is tested.
+    monkeypatch.setattr(base, "sample_nodes", lambda *args: ([], []))
+    monkeypatch.setattr(base.ClusteredStrategy, "learn_node_keys", lambda *args: None)
+    monkeypatch.setattr(base.ClusteredStrategy, "meet_nodes", lambda *args: None)
+    strategy = build_strategy(parse_run_config({"strategy": name, "fraction-evaluate": 0.25}))
+    strategy.prepare(None, 60.0, 3)  # type: ignore[arg-type]
+    shares = [strategy.evaluated_share(r, 0.25) for r in (1, 2, 3)]
+    assert shares == [0.25, 0.25, 1.0]
+    assert strategy.evaluated_share(3, 0.0) == 0.0
 
 
 def test_fraction_evaluate_is_a_run_config_key_with_todays_default() -> None:

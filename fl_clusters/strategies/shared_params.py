@@ -16,7 +16,8 @@ FRACTION_TRAIN = Param("fraction_train", 1.0, "float", "clients sampled a round"
                        low=0.0, high=1.0, key="fraction-train")
 FRACTION_EVALUATE = Param(
     "fraction_evaluate", 1.0, "float",
-    "clients evaluated a round (the last round evaluates every client; 0 = none)",
+    "clients evaluated a round (0 = none; in your own ServerApp the last round evaluates "
+    "every client)",
     low=0.0, high=1.0, key="fraction-evaluate",
 )
 MIN_AVAILABLE_NODES = Param(
