@@ -247,6 +247,16 @@ def _over_seeds(name: str, strategy: str, seeds: list[int], figure: str) -> str:
     return f'[d["results"][key("{name}", "{strategy}", s)]["{figure}"] for s in {seeds}]'
 
 
+# A partition below this accuracy is not served by the model it chose.
+SERVED = 0.5
+
+
+def missed_groups(run: Mapping[str, Any]) -> bool:
+    """Whether a run's models miss the groups: ARI below 1, or a partition below
+    :data:`SERVED` accuracy (as tests/test_plugin_groups.py asks)."""
+    return run["ari"] < 1.0 or run["min_accuracy"] < SERVED
+
+
 def section(results: Mapping[str, Any]) -> str:
     """The page section: the settings and why each is held out, then the table and the
     strategies that cannot, with their reasons (markers, numbers not filled in)."""
@@ -283,6 +293,7 @@ def section(results: Mapping[str, Any]) -> str:
     recorded_seeds = sorted({int(key.rsplit("|", 1)[1]) for key in measured})
     # strategy -> reason -> (setting, seed) of each run that gave it
     cannot: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    missed: dict[str, list[str]] = {}
     for name, setting in SETTINGS.items():
         for strategy in STRATEGIES:
             seeds = [s for s in recorded_seeds if run_key(name, strategy, s) in measured]
@@ -302,6 +313,13 @@ def section(results: Mapping[str, Any]) -> str:
                 _marker(f'mean({_over_seeds(name, strategy, seeds, "seconds")})', "0 s"),
             ]
             lines.append("| " + " | ".join([setting.label, strategy, *cells]) + " |")
+            runs = [measured[run_key(name, strategy, s)] for s in seeds]
+            if strategy != FEDAVG and any(missed_groups(run) for run in runs):
+                missed.setdefault(strategy, []).append(setting.label)
+    if missed:
+        lines += ["", f"Missed the groups in a seed (ARI below 1 or a partition below "
+                  f"{SERVED} accuracy) without saying so:", ""]
+        lines += [f"- {strategy}: {'; '.join(labels)}" for strategy, labels in missed.items()]
     if cannot:
         lines += ["", "Strategies that say they cannot:", ""]
         for strategy, reasons in cannot.items():
