@@ -38,6 +38,7 @@ from fl_clusters.client.replies import evaluate_reply
 from fl_clusters.client.task import LOCAL_MODEL, batch_seed, is_persistent, task_config
 from fl_clusters.client.user_training import (
     StepRecorder,
+    UserTraining,
     record_user_training,
     recorded_user_training,
 )
@@ -167,17 +168,11 @@ class ClusteredClient:
                 raise ValueError(GRADIENT_REFUSED)
             if is_mixture(message):
                 # FedEM: the M-step weighs each sample by its responsibility, which
-                # the app's handler cannot; fl-clusters trains the components,
-                # with the optimizer, steps and batch size of the app's own training
-                # as last seen on this node (the server's lr, local-epochs/local-steps
-                # and batch-size before that).
+                # the app's handler cannot; fl-clusters trains the components with
+                # the steps and batch size of the app's own training as last seen on
+                # this node, and its optimizer when it is SGD (user_training).
                 user_training = recorded_user_training(context)
-                if user_training is None and not self._warned_plain_m_step:
-                    self._warned_plain_m_step = True
-                    log(WARNING, "FedEM: your train handler has not trained on this node with "
-                        "a torch.optim optimizer (FedEM's init='random' never calls it), so "
-                        "its M-step trains the components with plain SGD at the server's "
-                        "lr, local-epochs/local-steps and batch-size (docs/plugin.md, FedEM)")
+                self._warn_plain_m_step(user_training)
                 return fedem_train(learner.in_memory(), message, context, user_training,
                                    learner.train_batch_size())
             choice = choose_for_training(learner, message, context)
@@ -228,6 +223,24 @@ class ClusteredClient:
 
         setattr(wrapped, WRAPPED_AS, "evaluate")
         return wrapped
+
+    def _warn_plain_m_step(self, user_training: UserTraining | None) -> None:
+        """Say once why FedEM's M-step trains with plain SGD at the server's lr, if it does."""
+        if self._warned_plain_m_step:
+            return
+        if user_training is None:
+            self._warned_plain_m_step = True
+            log(WARNING, "FedEM: your train handler has not trained on this node (FedEM's "
+                "init='random' never calls it), so its M-step trains the components with "
+                "plain SGD at the server's lr, local-epochs/local-steps and batch-size "
+                "(docs/plugin.md, FedEM)")
+        elif user_training.optimizer_fn() is None:
+            self._warned_plain_m_step = True
+            log(WARNING, "FedEM: your train handler steps %s, whose steps do not scale with "
+                "the loss, so they would ignore FedEM's per-sample responsibilities; its "
+                "M-step takes your handler's %d steps with plain SGD at the server's lr: "
+                "send FedEM an SGD-sized lr in train_config (docs/plugin.md, FedEM)",
+                user_training.optimizer, user_training.steps)
 
     @staticmethod
     def _guard_registration(app: ClientApp) -> None:

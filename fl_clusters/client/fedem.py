@@ -90,9 +90,10 @@ def fedem_train(
     in ``context.state`` and reported; the reply packs the M trained components.
 
     With ``user_training`` (a plug-in user's handler as it last trained on this
-    node) every component is trained as that handler trains a model instead: its
-    optimizer, its number of steps, batches of ``batch_size`` (its loader's) when
-    given; the server's ``lr``, epochs and steps are then not used.
+    node) every component takes that handler's number of steps instead, in batches
+    of ``batch_size`` (its loader's) when given, with its optimizer when that is
+    ``torch.optim.SGD`` (else plain SGD at the server's ``lr``; see
+    :mod:`~fl_clusters.client.user_training`).
     """
     config = task_config(message)
     models = fedem_components(message)

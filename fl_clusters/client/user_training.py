@@ -2,13 +2,19 @@
 
 FedEM's M-step cannot go through the user's handler (it weighs every sample by its
 responsibility), so fl-clusters trains the components itself. Trained with the
-built-in learner's defaults (plain SGD, the server's ``lr``, one epoch) they get a
-small fraction of the local work the user's own ``train()`` does in a round (a
-quickstart's SGD with momentum 0.9 for 5 epochs: about 50 times less) and stay near
-chance for a whole run. So :class:`~fl_clusters.adapter.ClusteredClient` records, each
-time the user's handler trains on a node, which ``torch.optim`` optimizer it stepped,
-with what hyperparameters, and how many steps; the M-step trains each component
-with that optimizer for that many steps (:func:`recorded_user_training`).
+built-in learner's defaults (plain SGD, the server's ``lr``, one epoch) they get
+about 1/100 of the local progress a quickstart's own ``train()`` makes in a round
+(SGD with momentum 0.9, 5 epochs) and stay near chance for a whole run. So
+:class:`~fl_clusters.adapter.ClusteredClient` records, each time the user's handler
+trains on a node, how many optimizer steps it took and which optimizer, and the
+M-step takes as many steps (:func:`recorded_user_training`).
+
+Only ``torch.optim.SGD`` is rebuilt with the user's hyperparameters (momentum, ...):
+its steps are linear in the gradient, so a sample's responsibility scales its pull.
+Adaptive optimizers (Adam, ...) normalize the gradient's scale away: a node whose
+samples a component explains with responsibilities near 0 would still take
+full-size steps on it and pull it towards its own group. Under them the M-step
+uses plain SGD at the server's ``lr``.
 """
 
 from __future__ import annotations
@@ -22,23 +28,27 @@ from flwr.app import ConfigRecord, Context
 
 USER_TRAINING = "user-training"  # key of the record in context.state
 _OPTIMIZER, _STEPS, _HYPER = "optimizer", "steps", "hyper/"
+SGD = "SGD"  # the one optimizer the M-step rebuilds (the module docstring says why)
 
 OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
 class UserTraining:
-    """The user's last local training on this node: its optimizer class, hyperparameters
-    (those of its first parameter group) and number of optimizer steps."""
+    """The user's last local training on this node: the class name of the optimizer it
+    stepped, that optimizer's hyperparameters (of its first parameter group; kept for
+    ``torch.optim.SGD`` only) and its number of optimizer steps."""
 
     optimizer: str
     hyperparameters: dict[str, Any]
     steps: int
 
-    def optimizer_fn(self) -> OptimizerFn:
-        """Builds a fresh optimizer of the user's class and hyperparameters on some parameters."""
-        cls = getattr(torch.optim, self.optimizer)
-        return lambda params: cls(params, **self.hyperparameters)
+    def optimizer_fn(self) -> OptimizerFn | None:
+        """Builds a fresh ``torch.optim.SGD`` with the user's hyperparameters on some
+        parameters; ``None`` when the user's optimizer is another one."""
+        if self.optimizer != SGD:
+            return None
+        return lambda params: torch.optim.SGD(params, **self.hyperparameters)
 
 
 class StepRecorder:
@@ -73,25 +83,23 @@ def _hyperparameters(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
 
 
 def record_user_training(context: Context, recorder: StepRecorder) -> None:
-    """Keep in ``context.state`` how the user's handler just trained.
-
-    Only a ``torch.optim`` optimizer can be rebuilt by its name; after a handler that
-    stepped no optimizer or another one, the node keeps no record, and FedEM's M-step
-    falls back to plain SGD (:func:`recorded_user_training`).
-    """
+    """Keep in ``context.state`` how the user's handler just trained (no record when it
+    stepped no optimizer)."""
     optimizer = recorder.optimizer
-    name = type(optimizer).__name__
-    if optimizer is None or getattr(torch.optim, name, None) is not type(optimizer):
+    if optimizer is None:
         context.state.config_records.pop(USER_TRAINING, None)
         return
-    hyper = {f"{_HYPER}{key}": value for key, value in _hyperparameters(optimizer).items()}
-    context.state[USER_TRAINING] = ConfigRecord(
-        {_OPTIMIZER: name, _STEPS: recorder.steps, **hyper})
+    is_sgd = type(optimizer) is torch.optim.SGD
+    hyper = _hyperparameters(optimizer) if is_sgd else {}
+    context.state[USER_TRAINING] = ConfigRecord({
+        _OPTIMIZER: SGD if is_sgd else type(optimizer).__qualname__, _STEPS: recorder.steps,
+        **{f"{_HYPER}{key}": value for key, value in hyper.items()},
+    })
 
 
 def recorded_user_training(context: Context) -> UserTraining | None:
     """How the user's handler last trained on this node, or ``None`` when it never has
-    (FedEM with ``init="random"`` never calls it)."""
+    (FedEM with ``init="random"`` never calls it) or stepped no optimizer."""
     record = context.state.config_records.get(USER_TRAINING)
     if record is None:
         return None
