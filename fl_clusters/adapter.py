@@ -8,7 +8,8 @@ untouched), calls it, and adds what the protocol needs to the reply. It also
 registers the queries clustered strategies send (report, cluster_losses,
 sample_assignment, features), scored with the user's model and data loaders.
 FedEM's tasks are the exception: its M-step weighs every training sample, which a
-FedAvg-style handler cannot do, so fl-clusters' own learner trains them; ACFL's
+FedAvg-style handler cannot do, so fl-clusters' own learner trains them, as many steps
+as the handler takes; ACFL's
 trial evaluations are scored here too, on the user's validation loader, since the
 user's evaluate handler reads its test data whatever the server asks.
 docs/plugin.md shows the change against Flower's quickstart-pytorch.
@@ -71,9 +72,11 @@ class ClusteredClient:
     The user's handlers keep their code, optimizer and ``context.run_config``;
     the message they get carries one model under ``"arrays"`` and the server's
     config record unchanged. FedEM's tasks (config ``"mixture"``=true) do not
-    reach them: fl-clusters' SGD trains the M components on the train loader's
-    samples, each weighted by its responsibility, and evaluation scores the
-    node's mixture on the test loader. ACFL's trial evaluations (split
+    reach them: fl-clusters trains the M components on the train loader's
+    samples, each weighted by its responsibility, for as many steps as the train
+    handler last took on the node (with its ``torch.optim.SGD`` when it uses one,
+    :mod:`~fl_clusters.client.user_training`), and evaluation scores the node's
+    mixture on the test loader. ACFL's trial evaluations (split
     ``validation``) do not reach the evaluate handler either: they are scored
     with ``model_fn``'s network on the validation loader.
 
