@@ -8,7 +8,8 @@ untouched), calls it, and adds what the protocol needs to the reply. It also
 registers the queries clustered strategies send (report, cluster_losses,
 sample_assignment, features), scored with the user's model and data loaders.
 FedEM's tasks are the exception: its M-step weighs every training sample, which a
-FedAvg-style handler cannot do, so fl-clusters' own learner trains them; ACFL's
+FedAvg-style handler cannot do, so fl-clusters' own learner trains them, as many steps
+as the handler takes; ACFL's
 trial evaluations are scored here too, on the user's validation loader, since the
 user's evaluate handler reads its test data whatever the server asks.
 docs/plugin.md shows the change against Flower's quickstart-pytorch.
@@ -18,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from functools import wraps
+from logging import WARNING
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.client_app import DEFAULT_ACTION
+from flwr.common.logger import log
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -34,6 +37,12 @@ from fl_clusters.client.loader_learner import GRADIENT_REFUSED, LoaderLearner
 from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
 from fl_clusters.client.replies import evaluate_reply
 from fl_clusters.client.task import LOCAL_MODEL, batch_seed, is_persistent, task_config
+from fl_clusters.client.user_training import (
+    StepRecorder,
+    UserTraining,
+    record_user_training,
+    recorded_user_training,
+)
 from fl_clusters.learner import centers_on, with_proximal_terms
 from fl_clusters.placement import record_training
 from fl_clusters.ray_env import pass_ray_messages_inline
@@ -63,9 +72,11 @@ class ClusteredClient:
     The user's handlers keep their code, optimizer and ``context.run_config``;
     the message they get carries one model under ``"arrays"`` and the server's
     config record unchanged. FedEM's tasks (config ``"mixture"``=true) do not
-    reach them: fl-clusters' SGD trains the M components on the train loader's
-    samples, each weighted by its responsibility, and evaluation scores the
-    node's mixture on the test loader. ACFL's trial evaluations (split
+    reach them: fl-clusters trains the M components on the train loader's
+    samples, each weighted by its responsibility, for as many steps as the train
+    handler last took on the node (with its ``torch.optim.SGD`` when it uses one,
+    :mod:`~fl_clusters.client.user_training`), and evaluation scores the node's
+    mixture on the test loader. ACFL's trial evaluations (split
     ``validation``) do not reach the evaluate handler either: they are scored
     with ``model_fn``'s network on the validation loader.
 
@@ -112,6 +123,7 @@ class ClusteredClient:
         self.loss_fn = loss_fn
         self.metric_names = dict(DEFAULT_METRIC_NAMES if metric_names is None else metric_names)
         self.device = device
+        self._warned_plain_m_step = False
         # FedProx/FedSoft centres of the message being handled, for regularizer().
         self._centers: list[tuple[dict[str, torch.Tensor], float]] = []
         self._guard_registration(app)
@@ -159,26 +171,30 @@ class ClusteredClient:
                 raise ValueError(GRADIENT_REFUSED)
             if is_mixture(message):
                 # FedEM: the M-step weighs each sample by its responsibility, which
-                # the app's handler cannot; fl-clusters' SGD trains the components
-                # with the server's lr, local-epochs/local-steps and batch-size.
-                return fedem_train(learner.in_memory(), message, context)
+                # the app's handler cannot; fl-clusters trains the components with
+                # the steps and batch size of the app's own training as last seen on
+                # this node, and its optimizer when it is SGD (user_training).
+                user_training = recorded_user_training(context)
+                self._warn_plain_m_step(user_training)
+                return fedem_train(learner.in_memory(), message, context, user_training,
+                                   learner.train_batch_size())
             choice = choose_for_training(learner, message, context)
             self._centers = centers_on(choice.centers, self.device or torch.device("cpu"))
             # The handler runs its own loop whatever local-steps asked; counting its
             # optimizer steps tells the server what it did. The hook sees every
             # optimizer of the process: one handler runs at a time per node.
-            steps_done = [0]
-            counter = register_optimizer_step_post_hook(
-                lambda *_: steps_done.__setitem__(0, steps_done[0] + 1)
-            )
+            # FedEM's M-step trains as the handler did (record_user_training).
+            recorder = StepRecorder()
+            counter = register_optimizer_step_post_hook(recorder)
             try:
                 reply = self._call(handler, message, choice.arrays, context)
             finally:
                 counter.remove()
                 self._centers = []
+            record_user_training(context, recorder)
             metrics = self._reply_metrics(reply)
-            if steps_done[0] and p.M_STEPS_DONE not in metrics:
-                metrics[p.M_STEPS_DONE] = steps_done[0]
+            if recorder.steps and p.M_STEPS_DONE not in metrics:
+                metrics[p.M_STEPS_DONE] = recorder.steps
             choice.add_metrics(metrics)
             if is_persistent(config) and p.ARRAYS in reply.content.array_records:
                 context.state[LOCAL_MODEL] = reply.content.array_records[p.ARRAYS]
@@ -210,6 +226,24 @@ class ClusteredClient:
 
         setattr(wrapped, WRAPPED_AS, "evaluate")
         return wrapped
+
+    def _warn_plain_m_step(self, user_training: UserTraining | None) -> None:
+        """Say once why FedEM's M-step trains with plain SGD at the server's lr, if it does."""
+        if self._warned_plain_m_step:
+            return
+        if user_training is None:
+            self._warned_plain_m_step = True
+            log(WARNING, "FedEM: your train handler has not trained on this node (FedEM's "
+                "init='random' never calls it), so its M-step trains the components with "
+                "plain SGD at the server's lr, local-epochs/local-steps and batch-size "
+                "(docs/plugin.md, FedEM)")
+        elif user_training.optimizer_fn() is None:
+            self._warned_plain_m_step = True
+            log(WARNING, "FedEM: your train handler steps %s, whose steps do not scale with "
+                "the loss, so they would ignore FedEM's per-sample responsibilities; its "
+                "M-step takes your handler's %d steps with plain SGD at the server's lr: "
+                "send FedEM an SGD-sized lr in train_config (docs/plugin.md, FedEM)",
+                user_training.optimizer, user_training.steps)
 
     @staticmethod
     def _guard_registration(app: ClientApp) -> None:

@@ -229,6 +229,7 @@ class TorchLearner:
         proximal_centers: Sequence[tuple[ArrayRecord, float]] = (),
         seed: int = 0,
         sample_weights: np.ndarray | None = None,
+        optimizer_fn: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
     ) -> tuple[ArrayRecord, float]:
         """Run local SGD from ``arrays`` and return the trained arrays and mean loss.
 
@@ -255,10 +256,14 @@ class TorchLearner:
             of the component being trained): a batch's loss is the mean of
             ``weight * loss`` over its samples. ``None`` weighs every sample 1.
             The batches are the same either way.
+        optimizer_fn : Callable | None
+            Builds the optimizer that takes the steps, on the model's parameters (a
+            plug-in user's own, for FedEM's M-step); ``None``: plain SGD at ``lr``.
         """
         weights = self._sample_weights(sample_weights)
         self._load(arrays)
         params = dict(self.model.named_parameters())
+        optimizer = None if optimizer_fn is None else optimizer_fn(self.model.parameters())
         centers = centers_on(proximal_centers, self.device)
         generator = torch.Generator().manual_seed(seed)
         total_steps = self.num_steps(batch_size, epochs, steps)
@@ -272,7 +277,10 @@ class TorchLearner:
                 losses.append(float(loss.detach()))
                 loss = with_proximal_terms(loss, params, centers)
                 loss.backward()
-                _sgd_step(self.model.parameters(), lr)
+                if optimizer is None:
+                    _sgd_step(self.model.parameters(), lr)
+                else:
+                    optimizer.step()
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0

@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 from sklearn.metrics import homogeneity_score
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, Dataset
 
 from fl_clusters import protocol as p
@@ -166,6 +167,31 @@ def test_proximal_mu_reaches_the_users_loss_through_the_regularizer() -> None:
     config = {"lr": 0.1, p.CFG_PROX_MU: 1.0}
     train(train_message([model_fitting(False), model_fitting(True)], config), context())
     assert seen["regularizer"] > 0.0
+
+
+def test_fedem_trains_the_components_as_the_users_handler_last_trained() -> None:
+    """FedEM's M-step weighs samples, so fl-clusters trains the components, with the
+    user's optimizer, hyperparameters and number of steps once the handler has trained."""
+    _, train, _, _ = build(False)
+    ctx = context()
+    models = [model_fitting(False), model_fitting(True)]
+    mixture = {"lr": 0.5, p.CFG_MIXTURE: True, p.CFG_ROUND: 2}
+    stepped: list[tuple] = []
+    hook = register_optimizer_step_post_hook(lambda optimizer, *_: stepped.append(
+        (type(optimizer), optimizer.param_groups[0]["lr"], optimizer.param_groups[0]["momentum"])))
+    try:
+        # Before the handler ever trained here: plain SGD, no optimizer steps.
+        train(train_message(models, mixture), ctx)
+        assert stepped == []
+        train(train_message(models, {"lr": 0.05}), ctx)  # 64 samples, batches of 16
+        assert stepped == [(torch.optim.SGD, 0.05, 0.9)] * 4
+        stepped.clear()
+        reply = train(train_message(models, mixture), ctx)
+    finally:
+        hook.remove()
+    # Each of the 2 components: the handler's 4 momentum steps at its lr, not the server's.
+    assert stepped == [(torch.optim.SGD, 0.05, 0.9)] * 8
+    assert len(p.unpack_clusters(reply.content[p.ARRAYS])) == 2
 
 
 def test_evaluate_reply_carries_protocol_names_and_cluster() -> None:

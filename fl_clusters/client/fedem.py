@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from fl_clusters import protocol as p
 from fl_clusters.client.task import candidate_models, reply, sgd_settings, task_config
+from fl_clusters.client.user_training import UserTraining
 from fl_clusters.clustering import e_step, fit_mixture_weights, mixture_probabilities
 from fl_clusters.learner import TorchLearner
 
@@ -76,7 +77,10 @@ def fedem_components(message: Message) -> list[ArrayRecord]:
     return models
 
 
-def fedem_train(learner: TorchLearner, message: Message, context: Context) -> Message:
+def fedem_train(
+    learner: TorchLearner, message: Message, context: Context,
+    user_training: UserTraining | None = None, batch_size: int | None = None,
+) -> Message:
     """FedEM's local step: E-step on the training split, then every component's M-step.
 
     The responsibilities ``q(m, i)`` and the new ``pi = mean_i q`` come from the
@@ -84,6 +88,12 @@ def fedem_train(learner: TorchLearner, message: Message, context: Context) -> Me
     component m is then trained with the same lr, epochs/steps and batches as
     any other local task, each sample's loss weighted by ``q(m, i)``. pi is kept
     in ``context.state`` and reported; the reply packs the M trained components.
+
+    With ``user_training`` (a plug-in user's handler as it last trained on this
+    node) every component takes that handler's number of steps instead, in batches
+    of ``batch_size`` (its loader's) when given, with its optimizer when that is
+    ``torch.optim.SGD`` (else plain SGD at the server's ``lr``; see
+    :mod:`~fl_clusters.client.user_training`).
     """
     config = task_config(message)
     models = fedem_components(message)
@@ -93,6 +103,10 @@ def fedem_train(learner: TorchLearner, message: Message, context: Context) -> Me
     losses, _, _ = learner.component_scores(models, "train")
     q, pi = e_step(losses, pi)
     settings = sgd_settings(config, context)
+    if user_training is not None:
+        settings.update(steps=user_training.steps, optimizer_fn=user_training.optimizer_fn())
+        if batch_size is not None:
+            settings["batch_size"] = batch_size
     trained, total_loss = [], 0.0
     for model, weights in zip(models, q, strict=True):
         arrays, loss = learner.train(model, sample_weights=weights, **settings)

@@ -134,6 +134,11 @@ class LoaderLearner(TorchLearner):
         """Number of samples in a split (counted through its loader)."""
         return sum(len(y) for _, y in self._batches(split))
 
+    def train_batch_size(self) -> int | None:
+        """The batch size of the user's train loader (``None`` for a loader without one)."""
+        size = getattr(self.loaders["train"], "batch_size", None)
+        return size if isinstance(size, int) and size > 0 else None
+
     def in_memory(self) -> TorchLearner:
         """A learner that can train, on the training samples read once into memory.
 
