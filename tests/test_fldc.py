@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -101,6 +102,18 @@ def test_paper_fldc_round_0_only_clusters() -> None:
     # Robust: the round-0 models' average; the paper's Algorithm 1: the initial model.
     np.testing.assert_allclose(_round0_model("robust")["w"].numpy(), 2.55)
     np.testing.assert_allclose(_round0_model("paper")["w"].numpy(), 0.0)
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_fldc_says_at_its_start_it_trains_one_model_and_how_many_groups_dbscan_can_tell(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 9 nodes in 3 groups of 3 is above 2 * min_pts yet below what MinPts 4 can split:
+    # the start says at most 2 clusters, and that none gets a model of its own.
+    with caplog.at_level(logging.WARNING):
+        FLDC().prepare(StubGrid(list(range(1, 10))), 60.0, 10)  # type: ignore[arg-type]
+    assert "FLDC trains one global model for all nodes" in caplog.text
+    assert "at most 2 with 9 nodes and min_pts=4, each of at least 4 nodes" in caplog.text
 
 
 # ------------------------------------------------------------ real federations

@@ -149,6 +149,23 @@ class FLDC(ClusteredStrategy):
         self._placement_asked: set[int] = set()
         self.late_labels: dict[int, int] = {}
 
+    def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
+        """The handshake, then say what FLDC cannot do for the connected nodes.
+
+        FLDC ends with one global model whatever DBSCAN finds, and DBSCAN's MinPts
+        bounds how many groups it can tell apart; both are known here, before any
+        training, so a user whose groups need models of their own learns it at the
+        start rather than from one model that fails some of them.
+        """
+        super().prepare(grid, timeout, num_rounds)
+        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
+        log(WARNING, "FLDC trains one global model for all nodes: its DBSCAN clusters "
+            "(at most %d with %d nodes and min_pts=%d, each of at least %d nodes) only "
+            "choose which nodes train each round, so groups whose data conflict get no "
+            "model of their own; for one model per group use a strategy with cluster "
+            "models (IFCA, CFL, ACFL, FedSoft, FL+HC, WeCFL, FedEM)",
+            len(nodes) // self.min_pts, len(nodes), self.min_pts, self.min_pts)
+
     # ----------------------------------------------------------------- training
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
