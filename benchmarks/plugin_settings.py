@@ -82,8 +82,9 @@ BASE_CONFIG: dict[str, Any] = {
     **QUICKSTART_CONFIG, "num-server-rounds": ROUNDS, "validation-fraction": 0.2,
 }
 # Start-up warnings by which a strategy says it cannot do what the run asks, though
-# it runs on: FLDC's on groups too small for DBSCAN's min_pts.
-CANNOT_WARNINGS = ("cannot form its own DBSCAN cluster",)
+# it runs on: FLDC's that its one global model gives no group a model of its own, and
+# that groups smaller than its DBSCAN min_pts form no cluster.
+CANNOT_WARNINGS = ("FLDC trains one global model", "cannot form its own DBSCAN cluster")
 
 # The example task's one optimizer line, and the user's Adam in its place.
 ADAM_DIFF = """\

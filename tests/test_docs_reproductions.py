@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fl_clusters.sweep.cells import PAPER_REVISION, Sweep, paper_revision
+from fl_clusters.sweep.cells import Sweep
 from fl_clusters.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,7 @@ def lines(sweep: Sweep, accuracy: dict[tuple[str, str], list[float]],
         seed = int(cell.labels["seed"])
         if seed >= seeds:
             continue
-        revision = paper_revision(cell.settings)
-        settings = {**cell.settings, **({PAPER_REVISION: revision} if revision else {})}
+        settings = cell.recorded_settings
         found.append({
             "key": cell.key, "cell": dict(cell.labels), "status": "ok",
             "settings": settings, "git_commit": "0123456789abcdef", "git_dirty": False,

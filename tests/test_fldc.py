@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
+from sklearn.metrics import adjusted_rand_score
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, silhouette_eps
@@ -101,6 +103,52 @@ def test_paper_fldc_round_0_only_clusters() -> None:
     # Robust: the round-0 models' average; the paper's Algorithm 1: the initial model.
     np.testing.assert_allclose(_round0_model("robust")["w"].numpy(), 2.55)
     np.testing.assert_allclose(_round0_model("paper")["w"].numpy(), 0.0)
+
+
+def _round0_labels(preset: str) -> tuple[list[int], list[int]]:
+    """FLDC's DBSCAN labels of 12 round-0 models in two groups of 6, and the groups.
+
+    Like a trained network's: 300 weights that moved a little, alike within a group,
+    and 4 output biases that moved far, each node its own way.
+    """
+    rng = np.random.default_rng(0)
+    groups = np.repeat([0, 1], 6)
+    weights = np.where(groups[:, None] == 0, -0.05, 0.05) + rng.normal(scale=0.02,
+                                                                        size=(12, 300))
+    biases = rng.normal(scale=1.0, size=(12, 4))
+    start = p.numpy_to_record(["w", "b"], [np.zeros(300, np.float32), np.zeros(4, np.float32)])
+    fldc = FLDC(preset=preset)
+    nodes = list(range(1, 13))
+    requests = fldc.configure_train(1, start, ConfigRecord(), StubGrid(nodes))  # type: ignore[arg-type]
+    replies = []
+    for request in requests:
+        i = request.metadata.dst_node_id - 1
+        trained = p.numpy_to_record(["w", "b"], [weights[i].astype(np.float32),
+                                                 biases[i].astype(np.float32)])
+        replies.append(train_reply(request, trained, 10, None))
+    fldc.aggregate_train(1, replies)
+    return [fldc.labels[node] for node in nodes], groups.tolist()
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_fldc_standardizes_parameters_so_a_few_far_moving_ones_do_not_hide_the_groups() -> None:
+    # Unscaled (the paper's distance), the biases decide every distance: no groups.
+    labels, groups = _round0_labels("paper")
+    assert adjusted_rand_score(groups, labels) < 0.5, labels
+    labels, groups = _round0_labels("robust")
+    assert adjusted_rand_score(groups, labels) == 1.0, labels
+
+
+@pytest.mark.usefixtures("server_identity")
+def test_fldc_says_at_its_start_it_trains_one_model_and_how_many_groups_dbscan_can_tell(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 9 nodes in 3 groups of 3 is above 2 * min_pts yet below what MinPts 4 can split:
+    # the start says at most 2 clusters, and that none gets a model of its own.
+    with caplog.at_level(logging.WARNING):
+        FLDC().prepare(StubGrid(list(range(1, 10))), 60.0, 10)  # type: ignore[arg-type]
+    assert "FLDC trains one global model for all nodes" in caplog.text
+    assert "at most 2 with 9 nodes and min_pts=4, each of at least 4 nodes" in caplog.text
 
 
 # ------------------------------------------------------------ real federations

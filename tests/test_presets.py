@@ -250,7 +250,7 @@ PAPER_DIGESTS = {
     "ACFL": (2, "3215aa7feea8"),
     "AWCFLOption": (2, "55cd70db821b"),
     "CFL": (2, "6efde5a95179"),
-    "FLDC": (2, "391393afd046"),
+    "FLDC": (2, "3c1e803095c9"),
     "FLHC": (1, "25f86a6e2248"),
     "FedEM": (1, "14aef8b2a54c"),
     "FedSoft": (2, "d0c1367c5c78"),

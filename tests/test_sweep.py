@@ -19,10 +19,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fl_clusters.strategies import CFL, FLHC
+from fl_clusters.strategies import CFL, FLDC, FLHC
 from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
-from fl_clusters.sweep.cells import PAPER_REVISION, SettingChange, cell_key, resolve_federation
+from fl_clusters.sweep.cells import (
+    PAPER_REVISION,
+    ROBUST_REVISION,
+    SettingChange,
+    cell_key,
+    resolve_federation,
+)
 from fl_clusters.sweep.cli import main, sweep_main
 from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.merge import MergeError, merge_runs
@@ -282,6 +288,28 @@ def test_a_paper_preset_run_is_stale_when_its_strategys_paper_revision_rose(
     assert MCFLOption.paper_revision > 1
     assert (on.recorded_settings[PAPER_REVISION] - off.recorded_settings[PAPER_REVISION]
             == MCFLOption.paper_revision - 1)
+
+
+def test_a_robust_run_is_stale_when_its_strategys_robust_revision_rose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sweep = parse('[grid]\nstrategy = ["fldc", "flhc"]\npreset = ["robust", "paper"]\nseed = [0]')
+    cells = {(cell.labels["strategy"], cell.labels["preset"]): cell for cell in sweep.cells}
+    assert FLDC.robust_revision > 1 and "robust_revision" not in vars(FLHC)
+    fldc = cells["fldc", "robust"]
+    assert fldc.recorded_settings[ROBUST_REVISION] == FLDC.robust_revision
+    # A line recorded before FLDC's robust rules changed has no revision: 1.
+    before = {k: v for k, v in fldc.recorded_settings.items() if k != ROBUST_REVISION}
+    assert [str(c) for c in fldc.changed_settings(before)] == [
+        f"robust-revision=1, now {FLDC.robust_revision}"]
+    # Revision 1 is not recorded, so no line of a strategy that never rose goes stale;
+    # the paper preset counts its own revision only.
+    assert ROBUST_REVISION not in cells["flhc", "robust"].recorded_settings
+    assert ROBUST_REVISION not in cells["fldc", "paper"].recorded_settings
+    current = {name: cell.recorded_settings for name, cell in cells.items()}
+    monkeypatch.setattr(FLHC, "robust_revision", 2, raising=False)
+    stale = [name for name, cell in cells.items() if cell.changed_settings(current[name])]
+    assert stale == [("flhc", "robust")]
 
 
 def test_rekeying_gives_old_lines_todays_keys_and_their_folders(tmp_path: Path) -> None:

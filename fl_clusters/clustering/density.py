@@ -150,6 +150,13 @@ class DensityClustering:
         two clusters.
     num_candidates : int (default: 20)
         Size of the silhouette grid, >= 1.
+    standardize : bool (default: False)
+        Whether each coordinate is scaled to mean 0 and standard deviation 1 over
+        the fitted points before the Euclidean distance (coordinates equal in every
+        point are left out: they tell no point apart). Unscaled, a few coordinates
+        that move far in every point (a model's output biases) outweigh thousands
+        that move less but alike within a group; ``eps_`` and ``k_distances_`` are
+        then in standardized units.
 
     Attributes
     ----------
@@ -168,7 +175,8 @@ class DensityClustering:
         (N,) ascending (min_samples - 1)-distance curve, computed whether or
         not ``eps`` was given.
     core_points_, core_labels_ : np.ndarray
-        DBSCAN's core points and their labels, for :meth:`predict`.
+        DBSCAN's core points (standardized if ``standardize``) and their labels,
+        for :meth:`predict`.
     eps_scores_ : np.ndarray
         Silhouette of each grid candidate (``eps_method="silhouette"``), else empty.
     """
@@ -179,6 +187,7 @@ class DensityClustering:
         eps: float | None = None,
         eps_method: str = "knee",
         num_candidates: int = 20,
+        standardize: bool = False,
     ) -> None:
         if min_samples < 2:
             raise ValueError(f"min_samples={min_samples} is outside [2, inf)")
@@ -192,6 +201,16 @@ class DensityClustering:
         self.eps = eps
         self.eps_method = eps_method
         self.num_candidates = num_candidates
+        self.standardize = standardize
+
+    def _scaled(self, matrix: np.ndarray) -> np.ndarray:
+        """``matrix`` in the coordinates the distances are taken in (see ``standardize``)."""
+        if not self.standardize:
+            return matrix
+        if not self._varying.any():
+            # Every fitted point is the same: all distances are 0, as unscaled.
+            return np.zeros((matrix.shape[0], 1))
+        return (matrix[:, self._varying] - self._centre) / self._scale
 
     def fit(self, points: np.ndarray) -> DensityClustering:
         """Cluster ``points``.
@@ -212,6 +231,14 @@ class DensityClustering:
                 f"points has {matrix.shape[0]} rows; DBSCAN with min_samples="
                 f"{self.min_samples} needs at least that many"
             )
+        self.num_features_ = matrix.shape[1]
+        if self.standardize:
+            wide = matrix.astype(np.float64)
+            spread = wide.std(axis=0)
+            self._varying = spread > 0
+            self._centre = wide.mean(axis=0)[self._varying]
+            self._scale = spread[self._varying]
+        matrix = self._scaled(matrix)
         self.k_distances_ = k_distance_curve(matrix, self.min_samples - 1)
         eps = self.eps if self.eps is not None else knee_eps(self.k_distances_)
         self.eps_scores_ = np.zeros(0)
@@ -227,7 +254,6 @@ class DensityClustering:
         self.eps_ = max(float(eps), float(np.finfo(np.float64).tiny))
         dbscan = DBSCAN(eps=self.eps_, min_samples=self.min_samples).fit(matrix)
         self.labels_ = dbscan.labels_
-        self.num_features_ = matrix.shape[1]
         self.core_points_ = matrix[dbscan.core_sample_indices_]
         self.core_labels_ = dbscan.labels_[dbscan.core_sample_indices_]
         clustered = self.labels_ >= 0
@@ -265,7 +291,7 @@ class DensityClustering:
         if self.core_points_.shape[0] == 0:
             return labels
         distances, nearest = NearestNeighbors(n_neighbors=1).fit(self.core_points_).kneighbors(
-            matrix
+            self._scaled(matrix)
         )
         within = distances[:, 0] <= self.eps_
         labels[within] = self.core_labels_[nearest[within, 0]]

@@ -52,6 +52,10 @@ class Declared:
     # each class's digest of those declarations and fails when they change alone.
     # Read from the class itself, never inherited (paper_revision_for).
     paper_revision: ClassVar[int] = 1
+    # The same count for what the robust preset computes: one more with every change
+    # to its rules that no run-config key shows (FLDC's standardized distance), so
+    # that sweep runs recorded before it are stale too. Read like paper_revision.
+    robust_revision: ClassVar[int] = 1
     # The run-config key whose value must be true (a nonzero number, True) for the
     # class's paper rules to change a run: "" for every run; "mcfl" for an option
     # whose rules apply only when it is on.
@@ -94,6 +98,12 @@ class Declared:
             if not applies_with or settings.get(applies_with):
                 revision += own.get("paper_revision", 1) - 1
         return revision
+
+    @classmethod
+    def robust_revision_for(cls) -> int:
+        """What ``preset="robust"`` computes, counted: 1, plus each class's own revisions
+        past 1 (``robust_revision``) along the class and its bases."""
+        return 1 + sum(vars(klass).get("robust_revision", 1) - 1 for klass in cls.__mro__)
 
     @classmethod
     def declared_behaviours(cls) -> tuple[Behaviour, ...]:

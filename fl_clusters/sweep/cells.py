@@ -26,17 +26,22 @@ GPUS_KEY = "client-resources-num-gpus"
 # A run line's setting beside the run config: what its strategy's preset="paper"
 # computed (Declared.paper_revision_for); a line without it ran revision 1.
 PAPER_REVISION = "paper-revision"
+# Likewise what its preset="robust" computed (Declared.robust_revision_for).
+ROBUST_REVISION = "robust-revision"
 
 
-def paper_revision(settings: Mapping[str, Any]) -> int | None:
-    """The paper revision a run with run config ``settings`` runs; None: not preset "paper".
-
-    None too for a strategy that declares nothing (a baseline of Flower's).
-    """
+def revision_settings(settings: Mapping[str, Any]) -> dict[str, int]:
+    """The revision a run with run config ``settings`` records beside it: the paper's
+    under ``preset="paper"`` (:data:`PAPER_REVISION`), the robust preset's otherwise
+    (:data:`ROBUST_REVISION`, recorded from its first rise past 1); none for a
+    strategy that declares nothing."""
     cls = ClusteredStrategy.registry.get(settings["strategy"])
-    if settings.get("preset") != "paper" or cls is None:
-        return None
-    return int(cls.paper_revision_for(settings))
+    if cls is None:
+        return {}
+    if settings.get("preset") == "paper":
+        return {PAPER_REVISION: int(cls.paper_revision_for(settings))}
+    revision = int(cls.robust_revision_for())
+    return {ROBUST_REVISION: revision} if revision > 1 else {}
 
 
 @dataclass(frozen=True)
@@ -123,10 +128,9 @@ class Cell:
 
     @property
     def recorded_settings(self) -> dict[str, Any]:
-        """What a run line records as its ``settings``: the run config, and under
-        ``preset="paper"`` the strategy's paper revision (:data:`PAPER_REVISION`)."""
-        revision = paper_revision(self.settings)
-        return self.settings | ({} if revision is None else {PAPER_REVISION: revision})
+        """What a run line records as its ``settings``: the run config, and the
+        strategy's revision of its preset (:func:`revision_settings`)."""
+        return self.settings | revision_settings(self.settings)
 
     def changed_settings(self, recorded: Mapping[str, Any]) -> list[SettingChange]:
         """The settings a run recorded that this cell now gives another value.
@@ -135,9 +139,9 @@ class Cell:
         (:func:`fl_clusters.config.strategy_keys`): another strategy's default changes
         nothing here. A key the run did not record is one the app added since; its
         default reproduces what the run did (the golden summaries check that), so it
-        changes nothing either. Under ``preset="paper"`` the strategy's paper revision
-        counts as a setting (:data:`PAPER_REVISION`, 1 where the line has none): a
-        change to what the paper preset computes stales the runs made before it.
+        changes nothing either. The strategy's revision of the run's preset counts as
+        a setting (:func:`revision_settings`, 1 where the line has none): a change to
+        what the preset computes stales the runs made before it.
 
         Parameters
         ----------
@@ -155,10 +159,10 @@ class Cell:
             for key in sorted(read & set(recorded) & set(self.settings))
             if _as_json(recorded[key]) != _as_json(self.settings[key])
         ]
-        revision = paper_revision(self.settings)
-        if revision is not None and recorded.get(PAPER_REVISION, 1) != revision:
-            changes.append(SettingChange(PAPER_REVISION, recorded.get(PAPER_REVISION, 1),
-                                         revision))
+        now = revision_settings(self.settings)
+        for key in (PAPER_REVISION, ROBUST_REVISION):
+            if key in now and recorded.get(key, 1) != now[key]:
+                changes.append(SettingChange(key, recorded.get(key, 1), now[key]))
         return changes
 
     def selected_by(self, only: Mapping[str, set[str]]) -> bool:
