@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 import torch
@@ -246,24 +247,22 @@ class TorchLearner:
         steps : int
             Exact number of mini-batch steps (IFCA's tau); 0 = use ``epochs``.
         proximal_centers : Sequence[tuple[ArrayRecord, float]]
-            (centre, weight) pairs; adds ``weight/2 * ||w - centre||^2`` for each
-            (FedProx: one centre with mu; FedSoft: every cluster model with
-            lambda * u_ks). One proximal problem whatever the number of centres.
+            (centre, weight) pairs, each adding ``weight/2 * ||w - centre||^2``
+            (FedProx: the model with mu; FedSoft: every cluster with lambda * u_ks).
         seed : int
             Seed of the mini-batch order.
         sample_weights : np.ndarray | None
-            One non-negative weight per training sample (FedEM's responsibilities
-            of the component being trained): a batch's loss is the mean of
-            ``weight * loss`` over its samples. ``None`` weighs every sample 1.
-            The batches are the same either way.
+            One weight >= 0 per training sample (FedEM's responsibilities): a batch's
+            loss is the mean of ``weight * loss``; ``None``: 1 each (same batches).
         optimizer_fn : Callable | None
-            Builds the optimizer that takes the steps, on the model's parameters (a
-            plug-in user's own, for FedEM's M-step); ``None``: plain SGD at ``lr``.
+            Builds the optimizer on the model's parameters (a plug-in user's, for
+            FedEM's M-step); ``None``: plain SGD at ``lr``.
         """
         weights = self._sample_weights(sample_weights)
         self._load(arrays)
         params = dict(self.model.named_parameters())
-        optimizer = None if optimizer_fn is None else optimizer_fn(self.model.parameters())
+        step = (partial(_sgd_step, list(self.model.parameters()), lr) if optimizer_fn is None
+                else optimizer_fn(self.model.parameters()).step)
         centers = centers_on(proximal_centers, self.device)
         generator = torch.Generator().manual_seed(seed)
         total_steps = self.num_steps(batch_size, epochs, steps)
@@ -277,10 +276,7 @@ class TorchLearner:
                 losses.append(float(loss.detach()))
                 loss = with_proximal_terms(loss, params, centers)
                 loss.backward()
-                if optimizer is None:
-                    _sgd_step(self.model.parameters(), lr)
-                else:
-                    optimizer.step()
+                step()
                 if len(losses) >= total_steps:
                     break
         return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0
