@@ -65,6 +65,8 @@ def test_dirty_means_changed_code_not_changed_results() -> None:
         "R  benchmarks/old.py -> benchmarks/new.py",
         " M benchmarks/sweeps/quick.toml",
         " M docs/img/ari.png",
+        # A sweep's copy of its file, rewritten when the sweep runs: a result.
+        " M benchmarks/measured/sweeps/quick/sweep.toml",
     ])
     assert changed_code(porcelain) == [
         "benchmarks/new.py", "benchmarks/sweeps/quick.toml", "fl_clusters/models.py",

@@ -30,6 +30,8 @@ REQUIRED_KEYS = ("command", "commit", "date", "cores", "gpu")
 # The folder of sweep results inside a measured folder: a sweep's manifest.json and
 # runs.jsonl hold its provenance, its other files are outputs.
 SWEEPS_FOLDER = "sweeps"
+# Where results live: nothing under it is code, whatever its suffix.
+MEASURED_FOLDER = "benchmarks/measured/"
 # Tracked files whose change is a change of the code that runs (git_state's "dirty").
 CODE_SUFFIXES = (".py", ".toml", ".sh", ".cfg", ".txt")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -51,10 +53,13 @@ def changed_code(porcelain: str) -> list[str]:
 
     Code is what decides what a run computes (:data:`CODE_SUFFIXES`); measured
     files, docs and plots that differ from the commit are results, not a change to
-    the code that made them. A renamed file counts under its new path.
+    the code that made them: everything under :data:`MEASURED_FOLDER` too (a sweep
+    writes its file's copy there as ``sweep.toml``). A renamed file counts under its
+    new path.
     """
     paths = (line[3:].split(" -> ")[-1].strip('"') for line in porcelain.splitlines() if line)
-    return sorted(path for path in paths if path.endswith(CODE_SUFFIXES))
+    return sorted(path for path in paths
+                  if path.endswith(CODE_SUFFIXES) and not path.startswith(MEASURED_FOLDER))
 
 
 def git_state() -> dict[str, Any]:
