@@ -248,14 +248,22 @@ def _over_seeds(name: str, strategy: str, seeds: list[int], figure: str) -> str:
     return f'[d["results"][key("{name}", "{strategy}", s)]["{figure}"] for s in {seeds}]'
 
 
-# A partition below this accuracy is not served by the model it chose.
-SERVED = 0.5
+# The issue's bar for "finds the groups" (issue 45): every partition's model is its
+# group's (ARI 1) and its accuracy is well above Flower's FedAvg on the same setting and
+# seed; a held-out setting may leave every model under-trained (1 local epoch: FedAvg
+# 0.26-0.35), so the bar is FedAvg's, not a fixed accuracy.
+ABOVE_FEDAVG = 0.05
+# A partition below this accuracy (about chance, 0.10 for 10 classes) is stranded.
+STRANDED = 0.15
 
 
-def missed_groups(run: Mapping[str, Any]) -> bool:
-    """Whether a run's models miss the groups: ARI below 1, or a partition below
-    :data:`SERVED` accuracy (as tests/test_plugin_groups.py asks)."""
-    return run["ari"] < 1.0 or run["min_accuracy"] < SERVED
+def missed_groups(run: Mapping[str, Any], fedavg: Mapping[str, Any] | None) -> bool:
+    """Whether a run misses the groups: ARI below 1, a mean accuracy not
+    :data:`ABOVE_FEDAVG` above FedAvg's run of the same setting and seed (when
+    recorded), or a partition stranded below :data:`STRANDED` accuracy."""
+    below_fedavg = fedavg is not None and (
+        run["mean_accuracy"] < fedavg["mean_accuracy"] + ABOVE_FEDAVG)
+    return run["ari"] < 1.0 or below_fedavg or run["min_accuracy"] < STRANDED
 
 
 def section(results: Mapping[str, Any]) -> str:
@@ -314,12 +322,14 @@ def section(results: Mapping[str, Any]) -> str:
                 _marker(f'mean({_over_seeds(name, strategy, seeds, "seconds")})', "0 s"),
             ]
             lines.append("| " + " | ".join([setting.label, strategy, *cells]) + " |")
-            runs = [measured[run_key(name, strategy, s)] for s in seeds]
-            if strategy != FEDAVG and any(missed_groups(run) for run in runs):
+            if strategy != FEDAVG and any(
+                missed_groups(measured[run_key(name, strategy, s)],
+                              measured.get(run_key(name, FEDAVG, s))) for s in seeds):
                 missed.setdefault(strategy, []).append(setting.label)
     if missed:
-        lines += ["", f"Missed the groups in a seed (ARI below 1 or a partition below "
-                  f"{SERVED} accuracy) without saying so:", ""]
+        lines += ["", "Missed the groups in a seed without saying so (ARI below 1, a mean "
+                  f"accuracy not {ABOVE_FEDAVG} above FedAvg's on the same setting and seed, "
+                  f"or a partition below {STRANDED}, about chance):", ""]
         lines += [f"- {strategy}: {'; '.join(labels)}" for strategy, labels in missed.items()]
     if cannot:
         lines += ["", "Strategies that say they cannot:", ""]

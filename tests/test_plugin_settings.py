@@ -210,3 +210,14 @@ def test_a_strategy_that_warns_it_cannot_records_its_reason() -> None:
     assert "FLDC trains one global model for all nodes" in row["cannot"]
     assert row["cannot"] in row["warnings"]
     assert any("cannot form its own DBSCAN cluster" in line for line in row["warnings"])
+
+
+def test_a_miss_is_judged_against_fedavg_on_the_same_setting_and_seed() -> None:
+    fedavg = {"ari": 0.0, "mean_accuracy": 0.30, "min_accuracy": 0.13}
+    found = {"ari": 1.0, "mean_accuracy": 0.44, "min_accuracy": 0.30}
+    # Every model under-trained (FedAvg at 0.30), but the groups found and well above it.
+    assert not sweep.missed_groups(found, fedavg)
+    assert sweep.missed_groups({**found, "ari": 0.32}, fedavg)
+    assert sweep.missed_groups({**found, "mean_accuracy": 0.32}, fedavg)
+    assert sweep.missed_groups({**found, "min_accuracy": 0.10}, fedavg)
+    assert not sweep.missed_groups(found, None)
