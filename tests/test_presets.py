@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -220,6 +223,61 @@ def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(_PlantedRule, "behaviours", (rule,), raising=False)
     assert undeclared(_PlantedRule) == set()
     assert "extra_restart_rule" in preset_differences(_PlantedRule)
+
+
+# The only code that reads the preset, and why: the objects compared above are then
+# the whole difference between the modes, because no code path branches on the
+# preset itself (a branch anywhere else is an undeclared difference).
+PRESET_READERS = {
+    ("fl_clusters/strategies/presets.py", "init_params"): "turns it into paper values",
+    ("fl_clusters/strategies/behaviours.py", "behaviour_switches"): "into rule switches",
+    ("fl_clusters/strategies/shared_params.py", "<module>"): "declares the Param",
+    ("fl_clusters/strategies/base.py", "preset_fields"): "records it in the summary",
+    ("fl_clusters/strategies/base.py", "summary"): "logs it",
+    ("fl_clusters/sweep/cells.py", "revision_settings"): "keys a run's revision",
+}
+PACKAGE = Path(__file__).resolve().parent.parent / "fl_clusters"
+
+
+def preset_reads(source: str, path: str) -> set[tuple[str, str]]:
+    """Each (file, function) of ``source`` that reads a preset: ``x.preset``, a name
+    ``preset`` or the string ``"preset"`` (a run-config or keyword lookup)."""
+    found: set[tuple[str, str]] = set()
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) \
+                else function
+            loads = isinstance(getattr(child, "ctx", None), ast.Load)
+            if ((isinstance(child, ast.Attribute) and child.attr == "preset" and loads)
+                    or (isinstance(child, ast.Name) and child.id == "preset" and loads)
+                    or (isinstance(child, ast.Constant) and child.value == "preset")):
+                found.add((path, function))
+            visit(child, inner)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_no_code_path_branches_on_the_preset_outside_its_declarations() -> None:
+    reads = set().union(*(
+        preset_reads(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+        for path in sorted(PACKAGE.rglob("*.py"))))
+    assert reads - set(PRESET_READERS) == set(), (
+        "these functions read the preset: a code path the two modes take apart with no "
+        "Param or Behaviour declaring it; declare the difference instead")
+    assert set(PRESET_READERS) - reads == set(), "a listed reader no longer reads it"
+
+
+def test_a_planted_branch_on_the_preset_is_found() -> None:
+    planted = textwrap.dedent("""
+        class Planted(IFCA):
+            def aggregate_train(self, server_round, replies):
+                if self.preset == "paper":
+                    return None
+                return super().aggregate_train(server_round, replies)
+    """)
+    assert preset_reads(planted, "planted.py") == {("planted.py", "aggregate_train")}
 
 
 def paper_declarations(klass: type) -> list[list[str]]:
