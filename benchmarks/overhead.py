@@ -71,6 +71,11 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "measured" / "overhead.json"
 ROUND_LINE = re.compile(r"\[ROUND (\d+)/\d+\]")
 FINISHED_LINE = re.compile(r"Strategy execution finished in ([0-9.]+)s")
+# The ServerApp's own clock of its start-up phases (fl_clusters.server_app.start_up).
+STARTUP_LINES = {
+    "nodes_connected_s": re.compile(r"start-up: \d+ nodes connected after ([0-9.]+) s"),
+    "handshake_s": re.compile(r"start-up: handshake with \d+ nodes took ([0-9.]+) s"),
+}
 MEMORY_PERIOD_S = 0.5
 SUPERLINK_WAIT_S = 900.0
 SUPERLINK_POLL_S = 5.0
@@ -89,9 +94,14 @@ class RoundMarks(logging.Handler):
         self.starts: dict[int, float] = {}
         self.finished: float | None = None
         self.strategy_s: float | None = None
+        self.startup_phases: dict[str, float] = {}
 
     def note(self, text: str, now: float) -> None:
-        """Record ``now`` if ``text`` is a round's first line or the strategy's last one."""
+        """Record ``now`` if ``text`` is a round's first line or the strategy's last one,
+        and the seconds of a start-up phase the ServerApp logged."""
+        for phase, pattern in STARTUP_LINES.items():
+            if phase not in self.startup_phases and (timed := pattern.search(text)):
+                self.startup_phases[phase] = float(timed.group(1))
         found = ROUND_LINE.search(text)
         if found:
             self.starts.setdefault(int(found.group(1)), now)
@@ -338,6 +348,7 @@ def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
         **federation_stats(t0, summary.pop("round_s"), marks.starts[1], marks.strategy_s),  # type: ignore[arg-type]
         "round_marks": "round 1's start: arrival of its streamed line (lines come in batches "
         "every 0.2 to 0.5 s); round times: the ServerApp's, from rounds.jsonl",
+        "startup_phases": marks.startup_phases,
         "summary": summary,
         "memory": {
             "rusage_maxrss_mb": _maxrss_mb(usage),
@@ -390,6 +401,7 @@ def _simulation_child(
             "end": time.monotonic(),
             "round1_start": marks.starts[1],
             "strategy_s": marks.strategy_s,
+            "startup_phases": marks.startup_phases,
             "maxrss_mb": _maxrss_mb(resource.getrusage(resource.RUSAGE_SELF)),
         }
     )
@@ -409,6 +421,7 @@ def federation_simulation(
                            result["strategy_s"]),
         "round_marks": "round 1's start: emission of the flwr logger's record in the "
         "simulation's process; round times: the ServerApp's, from rounds.jsonl",
+        "startup_phases": result["startup_phases"],
         "summary": summary,
         "memory": {
             "rusage_maxrss_mb": result["maxrss_mb"],

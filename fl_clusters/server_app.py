@@ -13,7 +13,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -227,11 +227,17 @@ def start_up(
     ConfigurationError
         If the run cannot start (:func:`check_can_start`).
     """
+    started = time.monotonic()
     nodes = wait_for_nodes(grid, settings["min-nodes"])
+    # Start-up's phases in the log, so that a large federation shows where its wait goes.
+    log(INFO, "start-up: %d nodes connected after %.1f s", len(nodes), time.monotonic() - started)
     # min-nodes is also the floor each round needs (the strategies' min_available_nodes):
     # rounds go on with the nodes that are there when one leaves.
     strategy = build_configured_strategy(settings) if resumed is None else resumed.strategy
+    asked = time.monotonic()
     identities = identify_federation(grid, nodes, settings["round-timeout"])
+    log(INFO, "start-up: handshake with %d nodes took %.1f s", len(nodes),
+        time.monotonic() - asked)
     check_can_start(strategy, nodes, identities)
     if resumed is not None:
         # The checkpoint's node ids become this run's, found by key.

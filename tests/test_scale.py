@@ -208,3 +208,18 @@ def test_a_learner_built_again_for_every_message_gives_the_same_run(
         rebuilt = loopback_run(strategy, tmp_path / "rebuilt")
     assert node_data._cached_learner.cache_info().misses > 6 * 3
     assert pinned(rebuilt) == pinned(kept)
+
+
+def test_start_up_logs_its_phases_and_the_scale_benchmark_reads_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from benchmarks.overhead import RoundMarks
+
+    with caplog.at_level("INFO", logger="flwr"):
+        counted_run({"strategy": "fedavg"}, tmp_path)
+    marks = RoundMarks()
+    for record in caplog.records:
+        marks.note(record.getMessage(), 0.0)
+    assert set(marks.startup_phases) == {"nodes_connected_s", "handshake_s"}
+    assert all(seconds >= 0.0 for seconds in marks.startup_phases.values())
+    assert f"start-up: handshake with {NUM_NODES} nodes took" in caplog.text
