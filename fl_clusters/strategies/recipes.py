@@ -14,7 +14,6 @@ and, for each key its paper gives no value for, what the library uses and why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +109,3 @@ def check_recipe(owner: str, recipe: tuple[RecipeValue, ...]) -> None:
     if twice:
         raise ValueError(f"{owner}.recipe gives {', '.join(twice)} more than once")
 
-
-def recipe_by_key(recipe: tuple[RecipeValue, ...]) -> Mapping[str, RecipeValue]:
-    """The recipe's values by key."""
-    return {value.key: value for value in recipe}
