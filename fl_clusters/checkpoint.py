@@ -70,9 +70,10 @@ from fl_clusters.strategies.registry import build_strategy
 PICKLED_CHECKPOINT_FILE = "checkpoint.pkl"
 # Settings a resumed run may change: where results go, how long the run lasts and
 # how patient it is; none changes what a round computes from the state.
+# paper-recipe only decides other keys' values, which are compared themselves.
 RESUMABLE_CHANGES = frozenset({
     "num-rounds", "checkpoint-every", "resume-from", "results-dir", "round-timeout",
-    "plots", "min-nodes", "target-accuracy", "device", "torch-threads",
+    "plots", "min-nodes", "target-accuracy", "device", "torch-threads", "paper-recipe",
 })
 
 

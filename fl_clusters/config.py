@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
+from logging import INFO
 from typing import Any
+
+from flwr.common.logger import log
 
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.base import ClusteredStrategy
@@ -38,6 +42,8 @@ CLUSTER_STRUCTURES = (
 )
 MODELS = ("mlp", "cnn")
 DEVICES = ("auto", "cpu", "cuda")
+# The key that turns the paper preset's training recipe off (apply_paper_recipe).
+PAPER_RECIPE = "paper-recipe"
 
 
 # The data, the clients and the run; ``strategy``, whose choices are the
@@ -91,6 +97,9 @@ COMMON_KEYS: tuple[Param, ...] = (
           key="results-dir"),
     Param("target_accuracy", 0.8, "float", "for rounds-to-target", low=0.0, high=1.0,
           key="target-accuracy"),
+    Param("paper_recipe", True, "bool",
+          "under preset = 'paper', the training-recipe keys left at their defaults take the "
+          "paper's values (docs/paper-fidelity.md); false keeps the app's", key=PAPER_RECIPE),
     Param("proximal_mu", 0.01, "float", "FedProx proximal weight", low=0.0, key="proximal-mu"),
     Param("torch_threads", 1, "int",
           "torch threads per client process; match client resources' num-cpus (0 = default)",
@@ -214,6 +223,78 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     if settings["num-groups"] == 0:
         settings["num-groups"] = settings["num-clusters"]
     return settings
+
+
+@dataclass
+class RecipeOutcome:
+    """What ``preset="paper"`` did to a run's training recipe (summary.json's ``paper_recipe``).
+
+    Each is run-config key -> record: ``applied``, the paper's values the run took
+    (``value``, ``source``); ``kept``, the user's values it kept (``value``, the
+    ``paper``'s, ``source``); ``not_applied``, the paper's values the library
+    cannot run (``paper``, ``why``, ``source``).
+    """
+
+    applied: dict[str, dict[str, Any]] = field(default_factory=dict)
+    kept: dict[str, dict[str, Any]] = field(default_factory=dict)
+    not_applied: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """The ``summary.json`` entry."""
+        return {"paper_recipe": {"applied": self.applied, "kept": self.kept,
+                                 "not_applied": self.not_applied}}
+
+
+def apply_paper_recipe(
+    settings: Mapping[str, Any],
+) -> tuple[dict[str, Any], RecipeOutcome | None]:
+    """``settings`` with the paper's training recipe, under ``preset="paper"``.
+
+    Every key of the strategy's recipe (``Declared.paper_recipe``) that the user did
+    not set takes the paper's value; a key the user set is kept. Flower hands the
+    ServerApp one merged run config (pyproject.toml's values and the overrides), so
+    a key counts as the user's when its value differs from the key's default: a
+    value the user gives equal to the default is taken for no value, and the paper's
+    replaces it (docs/paper-fidelity.md). Each key applied or kept is logged with
+    its source.
+
+    Returns
+    -------
+    tuple[dict[str, Any], RecipeOutcome | None]
+        The run config to run, and what the preset did (``None``: nothing to do: the
+        robust preset, a baseline, or ``paper-recipe = false``).
+    """
+    cls = ClusteredStrategy.registry.get(settings["strategy"])
+    if cls is None or settings["preset"] != "paper" or not settings[PAPER_RECIPE]:
+        return dict(settings), None
+    keys, resolved, outcome = config_keys(), dict(settings), RecipeOutcome()
+    for value in cls.paper_recipe(settings):
+        if value.not_applied:
+            outcome.not_applied[value.key] = {"paper": value.value, "why": value.not_applied,
+                                              "source": value.source}
+            log(INFO, "preset 'paper': the paper's %s %r is not applied: %s (%s)",
+                value.key, value.value, value.not_applied, value.source)
+        elif not value.applies:
+            continue
+        elif settings[value.key] != keys[value.key].config_default:
+            outcome.kept[value.key] = {"value": settings[value.key], "paper": value.value,
+                                       "source": value.source}
+            log(INFO, "preset 'paper' keeps %s=%r, the user's; the paper's %r (%s)",
+                value.key, settings[value.key], value.value, value.source)
+        else:
+            resolved[value.key] = keys[value.key].run_config_value(value.value)
+            outcome.applied[value.key] = {"value": resolved[value.key], "source": value.source}
+            log(INFO, "preset 'paper' sets %s=%r (%s)", value.key, value.value, value.source)
+    return resolved, outcome
+
+
+def resolve_run_config(
+    run_config: Mapping[str, Any],
+) -> tuple[dict[str, Any], RecipeOutcome | None]:
+    """The run config fl-clusters' ServerApp runs: validated, defaults filled in
+    (:func:`parse_run_config`), and the paper's training recipe under
+    ``preset="paper"`` (:func:`apply_paper_recipe`)."""
+    return apply_paper_recipe(parse_run_config(run_config))
 
 
 def _unknown_key(name: str, keys: Iterable[str]) -> str:

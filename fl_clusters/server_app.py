@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Result
 from fl_clusters import protocol as p
 from fl_clusters.checkpoint import Checkpoint
 from fl_clusters.client_errors import forget_shown
-from fl_clusters.config import parse_run_config
+from fl_clusters.config import RecipeOutcome, resolve_run_config
 from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.errors import ConfigurationError, report_configuration_errors_in_one_line
 from fl_clusters.flower_log import log_client_errors_in_one_line
@@ -274,18 +274,22 @@ def run_rounds(
     return rounds, result
 
 
-def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
+def run_federation(
+    grid: Grid, settings: Mapping[str, Any], recipe: RecipeOutcome | None = None
+) -> Path:
     """Run the configured strategy on ``grid`` and write its results folder.
 
     With ``resume-from`` it continues an interrupted run from its checkpoint
-    (:mod:`fl_clusters.checkpoint`) and writes a new results folder.
+    (:mod:`fl_clusters.checkpoint`) and writes a new results folder. ``recipe``:
+    what the paper preset did to the training recipe in ``settings``
+    (:func:`~fl_clusters.config.resolve_run_config`), recorded in summary.json.
     """
     start = time.time()
     # A bad resume-from or results-dir fails before any wait for nodes.
     resumed = load_checkpoint(settings) if settings["resume-from"] else None
     folder = create_results_folder(settings)
     try:
-        return _run_into(folder, grid, settings, resumed, start)
+        return _run_into(folder, grid, settings, resumed, start, recipe)
     except BaseException:
         # A failed run leaves no results folder, unless it holds a checkpoint to resume.
         with contextlib.suppress(OSError):
@@ -295,7 +299,7 @@ def run_federation(grid: Grid, settings: Mapping[str, Any]) -> Path:
 
 def _run_into(
     folder: Path, grid: Grid, settings: Mapping[str, Any], resumed: Checkpoint | None,
-    start: float,
+    start: float, recipe: RecipeOutcome | None,
 ) -> Path:
     """:func:`run_federation` once its results folder exists."""
     metered = MeteredGrid(grid, settings["max-in-flight"] or None)
@@ -315,6 +319,8 @@ def _run_into(
         wall_time_s=time.time() - start,
         resumed_after_round=None if resumed is None else resumed.server_round,
     )
+    if recipe is not None:
+        summary.update(recipe.fields())
     write_results(folder, settings, result, metered, rows, summary, rounds.round_seconds)
     strategy.write_artifacts(folder)
     if settings["plots"]:
@@ -347,10 +353,10 @@ def build_server_app(
         report_configuration_errors_in_one_line()
         log_client_errors_in_one_line()
         forget_shown()
-        settings = parse_run_config({**context.run_config, **(overrides or {})})
+        settings, recipe = resolve_run_config({**context.run_config, **(overrides or {})})
         if prepare_grid is not None:
             prepare_grid(grid)
-        run_federation(grid, settings)
+        run_federation(grid, settings, recipe)
 
     return app
 

@@ -23,6 +23,7 @@ from fl_clusters.errors import ConfigurationError
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
 from fl_clusters.strategies.params import NOT_GIVEN, Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import average_replies, reply_updates
 
 # The paper's text, as the sources below cite it (docs/paper-fidelity.md).
@@ -191,6 +192,18 @@ class ACFL(HardClusteredStrategy):
             "the phase-1 model",
             source=f"{SEED_TEXT}, section 4.4 (Algorithm 2 step 12: FedAvg inside each "
             "cluster; its start is not given)"),
+    )
+    recipe = (
+        RecipeValue("optimizer", "plain SGD", f"{SEED_TEXT}, section 2.1, eq. 1: SGD(D_t, "
+                    "D_k)"),
+        RecipeValue("lr", 0.1, f"{SEED_TEXT}, section 5.1: learning rate 0.1"),
+        RecipeValue("local-epochs", 15, f"{SEED_TEXT}, section 5.1: 15 local epochs a "
+                    "round"),
+        RecipeValue("local-steps", 0, f"{SEED_TEXT}, section 5.1: local training is counted "
+                    "in epochs (15), so no step count caps it"),
+        RecipeValue("batch-size", 128, f"{SEED_TEXT}, section 5.1: batch_size 128"),
+        RecipeValue("fraction-train", 1.0, f"{SEED_TEXT}, section 5.3 (2): every client "
+                    "takes part in every round"),
     )
 
     def __init__(

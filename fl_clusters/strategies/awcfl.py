@@ -12,6 +12,7 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import inter_cluster_mix
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.behaviours import Behaviour
+from fl_clusters.strategies.recipes import RecipeValue
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
 SOURCE = "Li and Yan 2023 (seed 000)"
@@ -76,6 +77,12 @@ class AWCFLOption(ClusteredStrategy):
             why="a plain mean lets a client with a few examples move its cluster as much as "
             "one with many",
             source=f"{SOURCE}, section 3.1, Algorithm 1 step 3.3.1"),
+    )
+    # Seed 000 gives a batch size and nothing else of its training; a strategy's own
+    # paper decides where it gives one (Declared.paper_recipe).
+    recipe = (
+        RecipeValue("batch-size", 30, f"{SOURCE}, section 4.1: batch size 30 (MNIST; 64 on "
+                    "EMNIST)"),
     )
 
     def own_term_weighted(self) -> bool:

@@ -22,6 +22,7 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.strategies.hard import HardClusteredStrategy
 from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import reply_updates
 
 
@@ -181,6 +182,20 @@ class CFL(HardClusteredStrategy):
               source=f"{SOURCE}, section III: a split is accepted on the cross-cluster "
               "similarity alone"),
         Param("warmup_rounds", 2, "int", "CFL: no split in the first rounds", low=0),
+    )
+    # The authors' demo (github.com/felisat/clustered-federated-learning, fl_devices.py),
+    # the source of the paper preset's eps1 and eps2.
+    recipe = (
+        RecipeValue("local-epochs", 1, "the authors' demo (fl_devices.py: "
+                    "compute_weight_update(epochs=1))"),
+        RecipeValue("local-steps", 0, "the authors' demo (fl_devices.py: local training is "
+                    "counted in epochs)"),
+        RecipeValue("batch-size", 128, "the authors' demo (fl_devices.py: Client "
+                    "batch_size=128)"),
+        RecipeValue("lr-schedule", "x 0.99 a round", "the authors' demo (fl_devices.py: "
+                    "compute_weight_update multiplies the optimizer's lr by 0.99)",
+                    not_applied="each round's message sends one lr and the learner keeps no "
+                    "optimizer between rounds"),
     )
 
     def __init__(

@@ -15,6 +15,7 @@ from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import NOT_GIVEN, Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import average_replies, train_losses
 from fl_clusters.strategies.shared_params import FRACTION_TRAIN, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -88,6 +89,18 @@ class FedEM(CentresFromStart):
               "them (docs/clustering-defaults.md)",
               source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: no warm start"),
         FRACTION_TRAIN,
+    )
+    # The authors' README (github.com/omarfoq/FedEM), its CIFAR-10 FedEM command.
+    recipe = (
+        RecipeValue("optimizer", "plain SGD", "the authors' README: run_experiment.py "
+                    "--optimizer sgd"),
+        RecipeValue("lr", 0.03, "the authors' README: FedEM on CIFAR-10, --lr 0.03"),
+        RecipeValue("batch-size", 128, "the authors' README: FedEM on CIFAR-10, --bz 128"),
+        RecipeValue("num-rounds", 201, "the authors' README: FedEM on CIFAR-10, --n_rounds "
+                    "201"),
+        RecipeValue("lr-schedule", "multi-step", "the authors' README: --lr_scheduler "
+                    "multi_step",
+                    not_applied="each round's message sends one lr; no schedule changes it"),
     )
 
     def __init__(

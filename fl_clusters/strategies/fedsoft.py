@@ -25,6 +25,7 @@ from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.local import LOCAL_MODELS_HELD_OUT
 from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
 from fl_clusters.strategies.shared_params import num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -152,6 +153,26 @@ class FedSoft(CentresFromStart):
             "a cluster model is meaningful",
             "Lai (seed 004), section 4.1, Algorithm 1 step 16: w_k = argmin h_k, from a "
             "start not given", switch=False),
+    )
+    # The authors' MNIST solver (solvers.py, MnistClientSolver), the one whose lambda
+    # and sigma the defaults were checked against.
+    recipe = (
+        RecipeValue("optimizer", "Adam", "the authors' code (github.com/ycruan/FedSoft, "
+                    "solvers.py: MnistClientSolver optimizer_type = torch.optim.Adam)",
+                    not_applied="the built-in learner runs plain SGD only; Adam is a "
+                    "ClientApp of your own (docs/plugin.md)"),
+        RecipeValue("lr", 1e-4, "the authors' code (solvers.py: MnistClientSolver lr = "
+                    "1e-4, Adam's step)",
+                    not_applied="it is Adam's step size: plain SGD at 1e-4 would barely "
+                    "move a model in 200 rounds"),
+        RecipeValue("local-epochs", 10, "the authors' code (solvers.py: MnistClientSolver "
+                    "local_epoch = 10)"),
+        RecipeValue("local-steps", 0, "the authors' code (solvers.py: local training is "
+                    "counted in epochs, local_epoch)"),
+        RecipeValue("batch-size", 10, "the authors' code (solvers.py: MnistClientSolver "
+                    "batch_size = 10)"),
+        RecipeValue("num-rounds", 200, "Lai (seed 004), section 5, Table 1: 200 federated "
+                    "rounds; the authors' code (main.py: num_epochs = 200)"),
     )
 
     def __init__(

@@ -20,6 +20,7 @@ from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import average_replies, reply_layers
 
 K_DISTANCE_PLOT = "k_distance.png"
@@ -147,6 +148,17 @@ class FLDC(ClusteredStrategy):
             "benchmarks/plugin_settings.py",
             source=f"{SOURCE}, section 1.1: the k-dist graph of the 100 local models' "
             "parameters, no scaling named"),
+    )
+    recipe = (
+        RecipeValue("optimizer", "plain SGD", f"{SOURCE}, Algorithm 1 step 15: w <- w - eta "
+                    "x the gradient on batch b"),
+        RecipeValue("lr", 0.01, f"{SOURCE}, section 2.2: learning rate 0.01"),
+        RecipeValue("local-epochs", 5, f"{SOURCE}, section 2.2: epochs 5"),
+        RecipeValue("local-steps", 0, f"{SOURCE}, section 2.2 and Algorithm 1 steps 13-15: "
+                    "local training is E epochs over batches, no step count"),
+        RecipeValue("batch-size", 64, f"{SOURCE}, section 2.2: batch size 64"),
+        RecipeValue("num-rounds", 50, f"{SOURCE}, section 2.2: 50 communication rounds on "
+                    "MNIST (100 on CIFAR-10)"),
     )
 
     def __init__(

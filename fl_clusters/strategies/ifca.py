@@ -24,6 +24,7 @@ from fl_clusters.strategies.awcfl import AWCFLOption
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.mcfl import MCFLOption
 from fl_clusters.strategies.params import Param
+from fl_clusters.strategies.recipes import RecipeValue
 from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
 from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
@@ -141,6 +142,23 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
             source=f"{SOURCE}, section Experiments: restarts are named, not how one is "
             "chosen (its synthetic runs count a success when any of 10 draws reaches the "
             "true parameters, which a run cannot know)"),
+    )
+    recipe = (
+        RecipeValue("optimizer", "plain SGD", f"{SOURCE}, Algorithm 1: tau local SGD steps "
+                    "(LocalUpdate)"),
+        RecipeValue("lr", 0.1, f"{SOURCE}, section Experiments (rotated MNIST): step size "
+                    "gamma = 0.1"),
+        RecipeValue("local-steps", 10, f"{SOURCE}, section Experiments (rotated MNIST): tau "
+                    "= 10"),
+        RecipeValue("fraction-train", 1.0, f"{SOURCE}, section Experiments (rotated MNIST): "
+                    "full participation, M_t = [m]"),
+        RecipeValue("num-rounds", 300, "the authors' code (rotated MNIST: 300 rounds), as "
+                    "ALGORITHMS.md digests it"),
+        RecipeValue("batch-size", "full batch", "the authors' code (rotated MNIST: 10 local "
+                    "full-batch steps on n = 100 images a client), as ALGORITHMS.md digests it",
+                    not_applied="batch-size is a count, and a client's training set here is "
+                    "not the authors' 100 images: no one number is a full batch on every "
+                    "client"),
     )
 
     def __init__(

@@ -21,6 +21,7 @@ from fl_clusters.clustering import cluster_feature_means
 from fl_clusters.strategies.awcfl import SOURCE
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.behaviours import Behaviour
+from fl_clusters.strategies.recipes import RecipeValue
 
 
 def feature_queries(nodes: Iterable[int], num_samples: int) -> dict[int, RecordDict]:
@@ -120,6 +121,11 @@ class MCFLOption(ClusteredStrategy):
             why="the mean of every test input is the least noisy estimate of what the "
             "client's data look like; the choice reads no label either way",
             source=f"{SOURCE}, section 3.2: the test set's mean mu over n sampled inputs"),
+    )
+    # Seed 000's batch size, as for AWCFL (awcfl.py).
+    recipe = (
+        RecipeValue("batch-size", 30, f"{SOURCE}, section 4.1: batch size 30 (MNIST; 64 on "
+                    "EMNIST)"),
     )
 
     def __init__(self, **params: Any) -> None:

@@ -20,6 +20,7 @@ from flwr.common.logger import log
 
 from fl_clusters.strategies.behaviours import Behaviour, behaviour_switches
 from fl_clusters.strategies.params import NOT_GIVEN, SAME, Param, check_params, check_signature
+from fl_clusters.strategies.recipes import RecipeValue, check_recipe
 
 PRESETS = ("robust", "paper")
 
@@ -45,6 +46,10 @@ class Declared:
     # Its own rules that depart from the paper; a subclass follows its bases' too
     # (declared_behaviours).
     behaviours: ClassVar[tuple[Behaviour, ...]] = ()
+    # How its paper trained (fl_clusters.strategies.recipes): the values the paper
+    # gives, each with its source; fl-clusters' ServerApp applies them under
+    # preset="paper" (paper_recipe).
+    recipe: ClassVar[tuple[RecipeValue, ...]] = ()
     # What preset="paper" computes under the class's own declarations, counted: 1
     # at first, one more with every change to it (a paper value, a switched rule),
     # so that a sweep run recorded before the change is stale
@@ -68,6 +73,7 @@ class Declared:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         own_name = vars(cls).get("name")
+        check_recipe(cls.__qualname__, vars(cls).get("recipe", ()))
         if "params" in vars(cls):
             check_signature(cls, cls.params)
             cls.params = tuple(param.with_prefix(own_name) for param in cls.params)
@@ -104,6 +110,27 @@ class Declared:
         """What ``preset="robust"`` computes, counted: 1, plus each class's own revisions
         past 1 (``robust_revision``) along the class and its bases."""
         return 1 + sum(vars(klass).get("robust_revision", 1) - 1 for klass in cls.__mro__)
+
+    @classmethod
+    def paper_recipe(cls, settings: Mapping[str, Any]) -> tuple[RecipeValue, ...]:
+        """The paper's training recipe for a run with run config ``settings``.
+
+        An option the run turns on (``paper_rules_apply_with``: AWCFL, MCFL) makes
+        the run its paper's algorithm, so that paper's values come first; then the
+        class's own and its bases', the first declaration of each key.
+        """
+        options, others = [], []
+        for klass in cls.__mro__:
+            applies_with = vars(klass).get("paper_rules_apply_with", "")
+            if not applies_with:
+                others.append(klass)
+            elif settings.get(applies_with):
+                options.append(klass)
+        found: dict[str, RecipeValue] = {}
+        for klass in options + others:
+            for value in vars(klass).get("recipe", ()):
+                found.setdefault(value.key, value)
+        return tuple(found.values())
 
     @classmethod
     def declared_behaviours(cls) -> tuple[Behaviour, ...]:

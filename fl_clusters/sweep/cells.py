@@ -15,11 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_clusters.config import strategy_keys
+from fl_clusters.config import PAPER_RECIPE, strategy_keys
 from fl_clusters.strategies.base import ClusteredStrategy
 
-# The sweep decides where each run writes; a file that sets it would scatter runs.
-RESERVED_RUN_CONFIG_KEYS = ("results-dir",)
+# Run-config keys the sweep sets for every run, and why a file may not: where each
+# run writes (a file that set it would scatter runs), and the paper preset's training
+# recipe, which is off (a sweep file is an experiment whose recipe is its own
+# settings, shared by every cell, baselines included).
+RESERVED_RUN_CONFIG_KEYS = {
+    "results-dir": "every run writes under results/sweeps/NAME/runs/",
+    PAPER_RECIPE: "a sweep's training recipe is its own settings, the same for every cell; "
+    "the paper preset's recipe is off in a sweep",
+}
 SEED_AXIS = "seed"
 GPUS_AUTO = "auto"
 GPUS_KEY = "client-resources-num-gpus"
@@ -110,8 +117,8 @@ class Cell:
         The run-config keys the sweep sets (base, then every axis' value); the
         run's own defaults fill the rest.
     settings : dict[str, Any]
-        The full, validated run config (:func:`parse_run_config`), without
-        ``results-dir``.
+        The full, validated run config (:func:`parse_run_config`), without the keys
+        the sweep sets (:data:`RESERVED_RUN_CONFIG_KEYS`).
     key : str
         Hash of ``run_config`` and the federation (:func:`cell_key`).
     """

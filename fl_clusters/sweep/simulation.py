@@ -136,7 +136,9 @@ def simulate(
     """Run one simulated federation with run config ``settings``; its results folder.
 
     ``settings["results-dir"]`` must be a folder of this run alone: the run's
-    results folder is the one it finds there. ``client_mods`` are Flower client
+    results folder is the one it finds there. The paper preset's training recipe
+    is off (run-config key ``paper-recipe``): the run's recipe is ``settings``, as
+    a sweep file's cells share theirs. ``client_mods`` are Flower client
     mods wrapped around every client's handlers (:mod:`fl_clusters.chaos`'s fault
     injector).
 
@@ -148,8 +150,10 @@ def simulate(
     from flwr.simulation import run_simulation
 
     from fl_clusters.client_app import build_client_app
+    from fl_clusters.config import PAPER_RECIPE
     from fl_clusters.server_app import build_server_app
 
+    settings = {**settings, PAPER_RECIPE: False}
     deadline = time.monotonic() + (timeout_s or 0.0)
     run_simulation(
         server_app=build_server_app(

@@ -60,8 +60,8 @@ def _check_run_config_keys(where: str, keys: Any) -> None:
     for key in keys:
         if key in RESERVED_RUN_CONFIG_KEYS:
             raise SweepFileError(
-                f"{where}: run-config key {key!r} is set by the sweep (every run writes "
-                "under results/sweeps/NAME/runs/); remove it"
+                f"{where}: run-config key {key!r} is set by the sweep "
+                f"({RESERVED_RUN_CONFIG_KEYS[key]}); remove it"
             )
         if key not in config_keys():
             raise SweepFileError(
@@ -296,7 +296,8 @@ def _expand(
             raise SweepFileError(
                 f"cell {name}: {problem} Fix it in [base], [grid] or exclude the cell."
             ) from err
-        settings.pop("results-dir")
+        for reserved in RESERVED_RUN_CONFIG_KEYS:
+            settings.pop(reserved)
         cell = Cell(labels, run_config, settings, cell_key(run_config, federation))
         same = json.dumps(settings, sort_keys=True)
         if same in by_settings:
