@@ -230,6 +230,7 @@ def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyP
 # preset itself (a branch anywhere else is an undeclared difference).
 PRESET_READERS = {
     ("fl_clusters/strategies/presets.py", "init_params"): "turns it into paper values",
+    ("fl_clusters/config.py", "apply_paper_recipe"): "applies the declared recipes",
     ("fl_clusters/strategies/behaviours.py", "behaviour_switches"): "into rule switches",
     ("fl_clusters/strategies/shared_params.py", "<module>"): "declares the Param",
     ("fl_clusters/strategies/base.py", "preset_fields"): "records it in the summary",
