@@ -28,6 +28,7 @@ from fl_clusters.files import atomic_output
 from fl_clusters.sweep.cells import SEED_AXIS, Sweep
 from fl_clusters.sweep.report import latest_lines, spread, stale_runs
 from fl_clusters.sweep.spec import load_sweep
+from fl_clusters.sweep.twins import SAME_RUN_AS
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "reproductions.md"
@@ -284,7 +285,9 @@ def _runs(name: str) -> list[dict[str, Any]]:
 
 
 def _hours(runs: Sequence[Mapping[str, Any]]) -> float:
-    return sum(float(run.get("seconds", 0.0)) for run in runs) / 3600
+    """The hours the runs took; a line that repeats another cell's run took none."""
+    return sum(float(run.get("seconds", 0.0)) for run in runs
+               if SAME_RUN_AS not in run) / 3600
 
 
 HEAD = """# Reproductions: each paper's headline claims, measured
@@ -319,8 +322,11 @@ def render() -> str:
         sweep = load_sweep(SWEEPS / f"{name}.toml")
         runs = _runs(name)
         seeds = len({cell.labels[SEED_AXIS] for cell in sweep.cells})
+        repeats = sum(SAME_RUN_AS in run for run in runs)
         recorded = (f"runs `benchmarks/measured/sweeps/{name}/runs.jsonl` ({len(runs)} "
-                    f"recorded, {_hours(runs):.1f} h)" if runs else "no runs recorded yet")
+                    "recorded, "
+                    + (f"{repeats} of them the same run as another cell's, " if repeats else "")
+                    + f"{_hours(runs):.1f} h)" if runs else "no runs recorded yet")
         out += [f"## {name}", "", sweep.description.strip().replace("\n", " "), "",
                 f"Sweep file `benchmarks/sweeps/{name}.toml`; {recorded}.",
                 "", "| claim | the paper | source | ours, `paper` | verdict, `paper` "

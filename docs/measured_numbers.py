@@ -275,16 +275,19 @@ def _stale_in_table(source: str, sweeps: Sweeps) -> list[tuple[str, str]]:
 
 def _stale_inline(source: str, expr: str, sweeps: Sweeps) -> list[tuple[str, str]]:
     """``(run, why)`` for each stale line of a runs.jsonl ``source`` that ``expr`` reads."""
+    from fl_clusters.sweep.twins import latest_by_key, line_changes
+
     folder = source.rpartition("/")[0]
-    sweep, _ = _loaded(folder, sweeps)
+    sweep, runs = _loaded(folder, sweeps)
     cells = {cell.key: cell for cell in sweep.cells}
+    latest = latest_by_key(runs)
     found = []
     for line in lines_read(source, expr):
         name = ",".join(f"{axis}={label}" for axis, label in line["cell"].items())
         cell = cells.get(line["key"])
         if cell is None:
             found.append((name, f"is no cell of {folder}/sweep.toml any more"))
-        elif changes := cell.changed_settings(line["settings"]):
+        elif changes := line_changes(cell, line, latest, cells):
             found.append((name, "ran with " + "; ".join(map(str, changes))))
     return found
 

@@ -149,3 +149,36 @@ def test_every_reproduction_sweep_has_claims_that_name_its_cells(
 def test_the_reproductions_page_is_up_to_date(generator: ModuleType) -> None:
     assert generator.render() == (ROOT / "docs" / "reproductions.md").read_text(), (
         "docs/reproductions.md is out of date; run: python docs/generate_reproductions.py")
+
+
+def test_a_cell_recorded_from_another_cells_run_is_read_and_follows_that_run(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    from fl_clusters.sweep.twins import SAME_RUN_AS, SameRuns
+
+    accuracy = {("ifca", "paper"): [a + 0.05 for a in FEDAVG],
+                ("ifca", "robust"): FEDAVG, ("fedavg", "robust"): FEDAVG,
+                ("fedavg", "paper"): [0.0] * 5}
+    runs = [{**line, "started": "2026-01-01T00:00:00+00:00", "seconds": 3600.0}
+            for line in lines(sweep, accuracy)
+            if (line["cell"]["strategy"], line["cell"]["preset"]) != ("fedavg", "paper")]
+    # FedAvg's paper cells: recorded from its robust runs, as the sweep does.
+    same_runs = SameRuns(sweep)
+    by_labels = {tuple(sorted(cell.labels.items())): cell for cell in sweep.cells}
+    keyed = {line["key"]: line for line in runs}
+    twins = []
+    for cell in sweep.cells:
+        if cell.labels["strategy"] == "fedavg" and cell.labels["preset"] == "paper":
+            robust = by_labels[tuple(sorted({**cell.labels, "preset": "robust"}.items()))]
+            twins.append(same_runs.twin_line(cell, keyed[robust.key], "2026-01-02T00:00:00"))
+    paper = generator.compare(sweep, runs + twins, claim(generator), "paper")
+    assert paper.differences == pytest.approx({seed: 0.05 for seed in range(5)})
+    assert paper.stale == 0
+    # The hours count the runs made, not the cells recorded from them.
+    assert generator._hours(runs + twins) == pytest.approx(len(runs))
+    assert all(SAME_RUN_AS in twin for twin in twins)
+    # FedAvg's robust run of seed 0, alpha 1.0 run again: its paper cell repeats a run
+    # that is no longer the cell's; counted stale until the next sweep records it.
+    again = {**keyed[twins[0][SAME_RUN_AS]], "started": "2026-03-03T00:00:00+00:00"}
+    rerun = generator.compare(sweep, runs + twins + [again], claim(generator), "paper")
+    assert rerun.stale == 1

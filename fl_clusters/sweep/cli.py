@@ -22,6 +22,7 @@ from fl_clusters.sweep.runner import (
     sweep_folder,
 )
 from fl_clusters.sweep.spec import SweepFileError, load_sweep, parse_only
+from fl_clusters.sweep.twins import SAME_RUN_AS, SameRuns, latest_by_key
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,14 +87,7 @@ def sweep_command(args: argparse.Namespace) -> int:
         return _refuse(console, "bad --only", err)
     folder = sweep_folder(sweep, args.out)
     if args.dry_run:
-        runs = read_runs(folder / RUNS_FILE)
-        todo = {cell.key for cell in pending_cells(sweep, runs, args.retry_failed, only)}
-        unrecorded = {cell.key for cell in pending_cells(sweep, runs, args.retry_failed)}
-        for cell in sweep.cells:
-            state = ("to run  " if cell.key in todo
-                     else "left out" if cell.key in unrecorded else "recorded")
-            print(f"{cell.key}  {state}  {cell.name}")
-        print(f"{len(sweep.cells)} cells, {len(todo)} to run; results in {folder}")
+        _dry_run(sweep, folder, args.retry_failed, only)
         return 0
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -115,6 +109,33 @@ def sweep_command(args: argparse.Namespace) -> int:
     except SweepFolderInUse as err:
         return _refuse(console, "sweep folder in use", err)
     return _failed_runs_status(console, read_runs(folder / RUNS_FILE)[recorded:])
+
+
+def _dry_run(
+    sweep: Sweep, folder: Path, retry_failed: bool, only: dict[str, set[str]]
+) -> None:
+    """``--dry-run``: each cell's key, state and name, then the counts.
+
+    A cell to run whose run another cell makes (:mod:`fl_clusters.sweep.twins`) is
+    listed as ``same run as KEY``; a recorded one as ``recorded (same run as KEY)``.
+    """
+    runs = read_runs(folder / RUNS_FILE)
+    latest = latest_by_key(runs)
+    todo = pending_cells(sweep, runs, retry_failed, only)
+    planned = SameRuns(sweep).plan(todo, latest)
+    to_run = {cell.key for cell in todo}
+    unrecorded = {cell.key for cell in pending_cells(sweep, runs, retry_failed)}
+    for cell in sweep.cells:
+        repeats = latest.get(cell.key, {}).get(SAME_RUN_AS)
+        state = (f"same run as {planned[cell.key]}" if cell.key in planned
+                 else "to run  " if cell.key in to_run
+                 else "left out" if cell.key in unrecorded
+                 else f"recorded (same run as {repeats})" if repeats else "recorded")
+        print(f"{cell.key}  {state}  {cell.name}")
+    print(f"{len(sweep.cells)} cells, {len(todo)} to run"
+          + (f" ({len(planned)} the same run as another cell: recorded from its run, "
+             f"{len(todo) - len(planned)} run)" if planned else "")
+          + f"; results in {folder}")
 
 
 def _failed_runs_status(console: Any, ran: list[dict[str, Any]]) -> int:
@@ -172,6 +193,10 @@ def _merge(sweep: Sweep, folder: Path, others: list[Path], console: Any) -> int:
                   f"{sweep.path} (left out)")
             if result.not_in_sweep:
                 print("  left out: " + ", ".join(result.not_in_sweep))
+            if result.repeat_other_runs:
+                print("  left out, the same run as a cell this folder holds another run of "
+                      "(the next sweep records them from it): "
+                      + ", ".join(result.repeat_other_runs))
         write_report(sweep, read_runs(folder / RUNS_FILE), folder)
     print(f"table: {folder / 'table.md'}")
     return 0

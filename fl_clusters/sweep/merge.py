@@ -27,6 +27,7 @@ from fl_clusters.sweep.runner import (
     append_run,
     read_runs,
 )
+from fl_clusters.sweep.twins import line_changes, source_changes
 
 
 class MergeError(ValueError):
@@ -45,11 +46,16 @@ class MergeResult:
         Keys the sweep's folder has an ``ok`` line for already: kept as they are.
     not_in_sweep : list[str]
         Keys that are no cell of the sweep file as it is now: left out.
+    repeat_other_runs : list[str]
+        Keys whose line repeats another cell's run (``same_run_as``) of which the
+        sweep's folder holds another run: left out; the next sweep records them
+        from the folder's own run.
     """
 
     added: list[str] = field(default_factory=list)
     already_recorded: list[str] = field(default_factory=list)
     not_in_sweep: list[str] = field(default_factory=list)
+    repeat_other_runs: list[str] = field(default_factory=list)
 
 
 def _sweep_name_of(folder: Path) -> str | None:
@@ -67,13 +73,28 @@ def _copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
+def _check_other(sweep: Sweep, folder: Path, other: Path) -> None:
+    """Refuse ``other`` unless it is another folder of ``sweep`` (:class:`MergeError`)."""
+    if not (other / RUNS_FILE).exists():
+        raise MergeError(f"{other}: no {RUNS_FILE}; name the folder a sweep wrote (its --out)")
+    if other.resolve() == folder.resolve():
+        raise MergeError(f"{other} is the sweep's own folder; name another machine's folder")
+    name = _sweep_name_of(other)
+    if name is not None and name != sweep.name:
+        raise MergeError(
+            f"{other} holds sweep {name!r}, not {sweep.name!r}; merge it with its own file"
+        )
+
+
 def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
     """Add the runs of ``other`` (a folder of the same sweep) to ``folder``.
 
     A run is added when its key is a cell of ``sweep`` and ``folder`` has no line
-    for it, or only a failed or stale one (:meth:`Cell.changed_settings`) while
-    ``other``'s run is ``ok`` and current (the later line is the one the table
-    reads, as after ``--retry-failed``). The table and plots are not rewritten here.
+    for it, or only a failed or stale one (:func:`fl_clusters.sweep.twins.line_changes`)
+    while ``other``'s run is ``ok`` and current (the later line is the one the table
+    reads, as after ``--retry-failed``). A line that repeats another cell's run
+    (``same_run_as``) is added only when ``folder``'s line of that cell is that run
+    (it came along, or was there already). The table and plots are not rewritten here.
     The caller holds ``folder``'s lock (:func:`fl_clusters.sweep.lock.sweep_folder_lock`).
 
     Parameters
@@ -90,37 +111,34 @@ def merge_runs(sweep: Sweep, folder: Path, other: Path) -> MergeResult:
     MergeResult
         The keys added, kept and left out.
     """
-    if not (other / RUNS_FILE).exists():
-        raise MergeError(f"{other}: no {RUNS_FILE}; name the folder a sweep wrote (its --out)")
-    if other.resolve() == folder.resolve():
-        raise MergeError(f"{other} is the sweep's own folder; name another machine's folder")
-    name = _sweep_name_of(other)
-    if name is not None and name != sweep.name:
-        raise MergeError(
-            f"{other} holds sweep {name!r}, not {sweep.name!r}; merge it with its own file"
-        )
+    _check_other(sweep, folder, other)
     folder.mkdir(parents=True, exist_ok=True)
     cells = {cell.key: cell for cell in sweep.cells}
+    ours = {line["key"]: line for line in read_runs(folder / RUNS_FILE) if line["key"] in cells}
 
     def current(line: dict[str, Any]) -> bool:
-        return (line["status"] == "ok"
-                and not cells[line["key"]].changed_settings(line["settings"]))
+        # A line that repeats another cell's run is current here when this folder's
+        # line of that cell is the run it repeats.
+        latest = {**ours, line["key"]: line}
+        return line["status"] == "ok" and not line_changes(cells[line["key"]], line, latest,
+                                                           cells)
 
-    ours = {line["key"]: current(line) for line in read_runs(folder / RUNS_FILE)
-            if line["key"] in cells}
     result = MergeResult()
     for line in read_runs(other / RUNS_FILE):
         key = line["key"]
         if key not in cells:
             result.not_in_sweep.append(key)
             continue
-        if key in ours and (ours[key] or not current(line)):
+        if key in ours and (current(ours[key]) or not current(line)):
             result.already_recorded.append(key)
+            continue
+        if source_changes(line, {**ours, key: line}, cells):
+            result.repeat_other_runs.append(key)
             continue
         _copy(other / RUNS_FOLDER / key, folder / RUNS_FOLDER / key)
         _copy(other / LOGS_FOLDER / f"{key}.log", folder / LOGS_FOLDER / f"{key}.log")
         append_run(folder / RUNS_FILE, line)
-        ours[key] = current(line)
+        ours[key] = line
         result.added.append(key)
     if result.added:
         _merge_sessions(folder / MANIFEST_FILE, other / MANIFEST_FILE, sweep.name)

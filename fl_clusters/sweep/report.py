@@ -8,7 +8,9 @@ seeds where both ran, with its spread and a 95 % confidence half-width (Student'
 t). The table is written as ``table.csv`` (every figure in its own column) and
 ``table.md``; the plots show every seed's value beside the mean. A recorded run
 that a setting it used no longer matches (:func:`stale_runs`) still counts, and
-``table.md`` names it and the setting under the table.
+``table.md`` names it and the setting under the table. A cell recorded from another
+cell's run (``same_run_as``, :mod:`fl_clusters.sweep.twins`) counts as that cell's
+run, and is stale when that run is.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from fl_clusters.sweep.cells import GPUS_KEY, Cell, SettingChange, Sweep
+from fl_clusters.sweep.cells import GPUS_KEY, Cell, Sweep
+from fl_clusters.sweep.twins import Change, line_changes
 
 # (field of a run's line or its summary, heading)
 METRICS = (
@@ -70,16 +73,19 @@ def latest_lines(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> dict[str, M
 
 def stale_runs(
     sweep: Sweep, runs: Sequence[Mapping[str, Any]]
-) -> list[tuple[Cell, list[SettingChange]]]:
-    """The cells whose last recorded run used a setting that has another value now.
+) -> list[tuple[Cell, list[Change]]]:
+    """The cells whose last recorded run used a setting that has another value now,
+    or repeats a run that was run again or is stale itself.
 
-    Each with the settings that changed (:meth:`Cell.changed_settings`), in the
-    sweep's cell order; the next sweep runs these cells again.
+    Each with what changed (:func:`fl_clusters.sweep.twins.line_changes`), in the
+    sweep's cell order; the next sweep runs (or records) these cells again.
     """
     latest = latest_lines(sweep, runs)
+    cells = {cell.key: cell for cell in sweep.cells}
     found = []
     for cell in sweep.cells:
-        if cell.key in latest and (changes := cell.changed_settings(latest[cell.key]["settings"])):
+        if cell.key in latest and (changes := line_changes(cell, latest[cell.key], latest,
+                                                           cells)):
             found.append((cell, changes))
     return found
 
@@ -177,7 +183,7 @@ def _mean_spread(row: Mapping[str, Any], name: str, digits: int, signed: bool = 
 
 def markdown(
     sweep: Sweep, rows: Sequence[Mapping[str, Any]],
-    stale: Sequence[tuple[Cell, Sequence[SettingChange]]] = (),
+    stale: Sequence[tuple[Cell, Sequence[Change]]] = (),
 ) -> str:
     """The table as Markdown: mean ± spread over seeds, paired differences with n.
 

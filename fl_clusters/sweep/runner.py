@@ -6,11 +6,14 @@ all of them on one :class:`~fl_clusters.sweep.simulation.RaySession`.
 Each finished run appends one line to ``runs.jsonl`` (flushed to disk at once), so
 a sweep that is stopped and started again skips every cell whose key it finds
 there (:func:`fl_clusters.sweep.cells.cell_key`), unless a setting that run used
-has another value now (:meth:`fl_clusters.sweep.cells.Cell.changed_settings`).
+has another value now (:meth:`fl_clusters.sweep.cells.Cell.changed_settings`). A
+cell whose run another cell makes (the same run under the other preset,
+:mod:`fl_clusters.sweep.twins`) is recorded from that run without running it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -27,6 +30,7 @@ from fl_clusters.sweep.cells import Cell, Sweep, resolve_federation
 from fl_clusters.sweep.lock import sweep_folder_lock
 from fl_clusters.sweep.provenance import append_session, git_state, session_entry, utc_now
 from fl_clusters.sweep.simulation import RaySession, output_to, simulate
+from fl_clusters.sweep.twins import SAME_RUN_AS, SameRuns, latest_by_key, line_changes
 
 RUNS_FILE = "runs.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -132,19 +136,21 @@ def run_cell(
     return line
 
 
-def _progress_line(line: Mapping[str, Any], cell: Cell) -> str:
-    """The line printed above the bar when a run ends (rich markup, values escaped)."""
+def _progress_line(line: Mapping[str, Any], cell: Cell, same_runs: SameRuns) -> str:
+    """The line printed above the bar when a run ends, or a cell is recorded from
+    another cell's run (rich markup, values escaped)."""
     from rich.markup import escape
 
     name = escape(cell.name)
     if line["status"] != "ok":
         return f"[red]failed[/red] {name} ({line['seconds']:.0f} s): {escape(line['error'])}"
     summary = line["summary"]
-    return (
-        f"ok {name}: ARI {summary['ari']:.3f}, accuracy "
-        f"{summary['personalized_accuracy']:.4f}, {summary['num_clusters_found']} clusters "
-        f"({line['seconds']:.0f} s)"
-    )
+    figures = (f"ARI {summary['ari']:.3f}, accuracy {summary['personalized_accuracy']:.4f}, "
+               f"{summary['num_clusters_found']} clusters")
+    if SAME_RUN_AS in line:
+        source = escape(same_runs.cells[line[SAME_RUN_AS]].name)
+        return f"ok {name}: {figures} (the same run as {source}: recorded from it, not run)"
+    return f"ok {name}: {figures} ({line['seconds']:.0f} s)"
 
 
 def pending_cells(
@@ -154,17 +160,19 @@ def pending_cells(
     only: Mapping[str, set[str]] | None = None,
 ) -> list[Cell]:
     """The cells without a current run: none recorded, or a stale one (a setting it
-    used has another value now), or with ``retry_failed`` a failed one.
+    used has another value now, or the run it repeats was run again:
+    :func:`fl_clusters.sweep.twins.line_changes`), or with ``retry_failed`` a failed one.
 
     ``only`` (axis -> labels, :func:`fl_clusters.sweep.spec.parse_only`) keeps the
     cells with one of the labels on each axis it names.
     """
-    latest = {line["key"]: line for line in runs}
+    latest = latest_by_key(runs)
+    cells = {cell.key: cell for cell in sweep.cells}
 
     def current(cell: Cell) -> bool:
         line = latest.get(cell.key)
         return (line is not None and not (retry_failed and line["status"] != "ok")
-                and not cell.changed_settings(line["settings"]))
+                and not line_changes(cell, line, latest, cells))
 
     return [cell for cell in sweep.cells
             if not current(cell) and cell.selected_by(only or {})]
@@ -231,22 +239,28 @@ def run_sweep(
     with sweep_folder_lock(folder):
         runs = read_runs(folder / RUNS_FILE)
         todo = pending_cells(sweep, runs, retry_failed, only)
+        same_runs = SameRuns(sweep)
+        planned = same_runs.plan(todo, latest_by_key(runs))
         console = console or Console(file=sys.stderr)
         _record_session(sweep, folder, command if command is not None else sys.argv)
-        console.print(_opening_line(sweep, runs, todo, retry_failed, only, folder),
+        console.print(_opening_line(sweep, runs, todo, len(planned), retry_failed, only, folder),
                       markup=False, soft_wrap=True)
         if todo:
-            _run_cells(sweep, todo, folder, runs, console, stop_after_s)
+            # The cells that repeat another's run last: by then that run is recorded.
+            ordered = ([cell for cell in todo if cell.key not in planned]
+                       + [cell for cell in todo if cell.key in planned])
+            _run_cells(sweep, ordered, folder, runs, console, stop_after_s, same_runs)
         write_report(sweep, runs, folder, plots=True)
         console.print(f"table: {folder / 'table.md'}", markup=False)
     return folder
 
 
 def _opening_line(
-    sweep: Sweep, runs: list[dict[str, Any]], todo: list[Cell], retry_failed: bool,
-    only: Mapping[str, set[str]] | None, folder: Path,
+    sweep: Sweep, runs: list[dict[str, Any]], todo: list[Cell], repeats: int,
+    retry_failed: bool, only: Mapping[str, set[str]] | None, folder: Path,
 ) -> str:
-    """What the sweep has recorded and will run (:func:`run_sweep`'s first line)."""
+    """What the sweep has recorded and will run (:func:`run_sweep`'s first line);
+    ``repeats``: the cells of ``todo`` recorded from another cell's run."""
     unrecorded = len(pending_cells(sweep, runs, retry_failed))
     # Failed runs count as recorded: a run that fails for a reason of its own
     # (a timeout, a bad setting) fails again; say how to run them anyway.
@@ -254,7 +268,10 @@ def _opening_line(
     return (
         f"sweep {sweep.name}: {len(sweep.cells)} cells, {len(sweep.cells) - unrecorded} recorded"
         + (f" ({failed} failed; --retry-failed runs them again)" if failed else "")
-        + f", {len(todo)} to run{' (--only)' if only else ''}; results in {folder}"
+        + f", {len(todo)} to run{' (--only)' if only else ''}"
+        + (f" ({repeats} the same run as another cell: recorded from its run)"
+           if repeats else "")
+        + f"; results in {folder}"
     )
 
 
@@ -267,12 +284,34 @@ def _record_session(sweep: Sweep, folder: Path, command: list[str]) -> None:
     )
 
 
+class _Ray(contextlib.ExitStack):
+    """The sweep's Ray session and kept actors, started on the first run that needs them:
+    a session that only records repeated runs starts no Ray."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        super().__init__()
+        self._sweep = sweep
+        self.session: RaySession | None = None
+        self.federation: dict[str, int | float] = {}
+
+    def start(self) -> RaySession:
+        """The running session (started, and the federation checked, on first call)."""
+        if self.session is None:
+            session = self.enter_context(RaySession())
+            self.enter_context(actors_kept_between_runs())
+            self.federation = resolve_federation(self._sweep.federation, session.resources)
+            check_resources(self._sweep, self.federation, session.resources)
+            self.session = session
+        return self.session
+
+
 def _run_cells(
     sweep: Sweep, todo: list[Cell], folder: Path, runs: list[dict[str, Any]], console: Any,
-    stop_after_s: float | None,
+    stop_after_s: float | None, same_runs: SameRuns,
 ) -> None:
     """Run ``todo`` on one Ray session, each run appended to ``runs`` and runs.jsonl
-    (:func:`run_sweep`)."""
+    (:func:`run_sweep`); a cell whose run another cell recorded is recorded from it
+    (:meth:`SameRuns.twin_line`), even past ``stop_after_s``."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -290,24 +329,31 @@ def _run_cells(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
     )
-    with (RaySession() as ray_session, actors_kept_between_runs(),
-          Progress(*columns, console=console) as progress):
-        federation = resolve_federation(sweep.federation, ray_session.resources)
-        check_resources(sweep, federation, ray_session.resources)
+    with _Ray(sweep) as ray, Progress(*columns, console=console) as progress:
         task = progress.add_task(sweep.name, total=len(todo))
-        started = time.monotonic()
-        for done, cell in enumerate(todo):
-            if stop_after_s is not None and time.monotonic() - started >= stop_after_s:
-                progress.console.print(
-                    f"stopped after {stop_after_s / 60:g} min (--stop-after): "
-                    f"{len(todo) - done} of {len(todo)} runs not started; the same "
-                    "command runs them", markup=False, soft_wrap=True,
-                )
-                break
+        started: float | None = None  # when the first run started
+        not_started = 0
+        for cell in todo:
+            source = same_runs.source_line(cell, latest_by_key(runs))
+            if (source is None and stop_after_s is not None and started is not None
+                    and time.monotonic() - started >= stop_after_s):
+                not_started += 1
+                continue
             progress.update(task, description=cell.name)
-            line = run_cell(cell, sweep, folder, ray_session.node_id, commit, federation)
+            if source is not None:
+                line = same_runs.twin_line(cell, source, utc_now())
+            else:
+                session = ray.start()
+                started = time.monotonic() if started is None else started
+                line = run_cell(cell, sweep, folder, session.node_id, commit, ray.federation)
             append_run(runs_path, line)
             runs.append(line)
-            progress.console.print(_progress_line(line, cell), soft_wrap=True)
+            progress.console.print(_progress_line(line, cell, same_runs), soft_wrap=True)
             progress.advance(task)
             write_report(sweep, runs, folder, plots=False)
+        if not_started and stop_after_s is not None:
+            progress.console.print(
+                f"stopped after {stop_after_s / 60:g} min (--stop-after): "
+                f"{not_started} of {len(todo)} runs not started; the same "
+                "command runs them", markup=False, soft_wrap=True,
+            )
