@@ -195,6 +195,9 @@ class ClusteredClient:
             metrics = self._reply_metrics(reply)
             if recorder.steps and p.M_STEPS_DONE not in metrics:
                 metrics[p.M_STEPS_DONE] = recorder.steps
+            batches = learner.train_batches()
+            if recorder.steps and batches and p.M_EPOCHS_DONE not in metrics:
+                metrics[p.M_EPOCHS_DONE] = recorder.steps / batches
             choice.add_metrics(metrics)
             if is_persistent(config) and p.ARRAYS in reply.content.array_records:
                 context.state[LOCAL_MODEL] = reply.content.array_records[p.ARRAYS]

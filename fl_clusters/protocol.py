@@ -82,6 +82,9 @@ M_MIXTURE_WEIGHTS = "mixture-weights"  # FedEM: the node's pi, one per component
 # Optimizer steps the node's training actually took: a user's own train() runs its
 # own loop whatever local-steps asked, and the server logs what was done.
 M_STEPS_DONE = "local-steps-done"
+# The same in passes over the node's training data: ACFL chains train messages until a
+# node's local-only model has trained the epochs it asked for.
+M_EPOCHS_DONE = "local-epochs-done"
 # identity, optional: the node's ground-truth group, for progress lines only (no
 # strategy reads it)
 M_TRUE_GROUP = "true-cluster"
@@ -123,6 +126,7 @@ class MetricField:
 TRAIN_FIELDS: Mapping[str, MetricField] = {
     M_TRAIN_LOSS: MetricField(),
     M_STEPS_DONE: MetricField(integer=True, low=0.0, required=False),
+    M_EPOCHS_DONE: MetricField(low=0.0, required=False),
 }
 EVALUATE_FIELDS: Mapping[str, MetricField] = {
     M_ACCURACY: MetricField(low=0.0, high=1.0),

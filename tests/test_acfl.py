@@ -206,3 +206,56 @@ def test_paper_acfl_trains_each_candidate_in_a_federation_with_its_cluster(
     assert all(len(trial) >= 2 for trial in trials)
     assert all(len({node for node, _ in trial}) == len(trial) for trial in trials)
     assert summary["trial_train_messages"] == LOOPBACK_CLIENTS + sum(map(len, trials))
+
+
+class ShortTrainingGrid:
+    """Nodes whose train handler trains ``per_message`` epochs whatever the message asks.
+
+    Each reply adds 1 to the model it got and reports ``local-epochs-done``; nodes in
+    ``unreported`` leave that metric out.
+    """
+
+    def __init__(self, per_message: float, unreported: frozenset[int] = frozenset()) -> None:
+        self.per_message = per_message
+        self.unreported = unreported
+        self.trained: list[int] = []
+
+    def send_and_receive(self, messages: Iterable[Message], **_: object) -> list[Message]:
+        replies = []
+        for msg in messages:
+            assert msg.metadata.message_type == MessageType.TRAIN
+            node = msg.metadata.dst_node_id
+            self.trained.append(node)
+            start = msg.content.array_records[p.ARRAYS]["w"].numpy()
+            metrics = MetricRecord({p.M_NUM_EXAMPLES: 10, p.M_TRAIN_LOSS: 0.5})
+            if node not in self.unreported:
+                metrics[p.M_EPOCHS_DONE] = self.per_message
+            model = p.numpy_to_record(["w"], [start + 1])
+            replies.append(Message(RecordDict({p.ARRAYS: model, p.METRICS: metrics}),
+                                   reply_to=msg))
+        return replies
+
+
+def test_local_only_models_train_trial_epochs_whatever_the_handler_trains(
+    server_identity: None, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 45: an app's handler that trains 2 epochs a message (its run config's, not
+    the message's) is asked again from its own model until trial_epochs=5 are done: 3
+    messages, each from the last. Before, one pass of 2 epochs stood for 5, and with the
+    quickstart's 1 epoch ACFL's trials compared untrained models and kept one cluster.
+    A node that does not report its epochs keeps its one pass."""
+    acfl = ACFL(trial_epochs=5)
+    grid = ShortTrainingGrid(2.0, unreported=frozenset({3}))
+    config = ConfigRecord({p.CFG_EPOCHS: 5})
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        trained = acfl._train_group([1, 2, 3], _model(), config, grid)  # type: ignore[arg-type]
+    assert sorted(grid.trained) == [1, 1, 1, 2, 2, 2, 3]
+    models = {n: msg.content.array_records[p.ARRAYS]["w"].numpy() for n, msg in trained.items()}
+    assert models[1].tolist() == [3.0] * 3 and models[3].tolist() == [1.0] * 3
+    assert acfl.trial_train_messages == 7
+    assert any("3 messages a node took them to 6 epochs" in r.getMessage()
+               for r in caplog.records)
+    # A handler that trains what it is asked: one message a node.
+    honest = ShortTrainingGrid(5.0)
+    ACFL(trial_epochs=5)._train_group([1, 2], _model(), config, honest)  # type: ignore[arg-type]
+    assert sorted(honest.trained) == [1, 2]

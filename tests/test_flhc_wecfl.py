@@ -377,3 +377,23 @@ def test_wecfl_defaults_recover_digits_label_permutations(federation) -> None:
     wecfl = federation({**DIGITS_PERMUTATION, "strategy": "wecfl", "num-rounds": 6})
     assert wecfl["ari"] >= 0.9, wecfl
     assert wecfl["num_clusters_found"] == 4, wecfl
+
+
+def test_flhc_says_when_its_cut_keeps_one_cluster(server_identity, caplog) -> None:
+    """Issue 45: one cluster from the clustering round is a warning naming the measured
+    jump, ``min_gap`` and what to change, never silent; groups found say nothing."""
+    nodes = list(range(1, 7))
+    flhc = FLHC(warmup_rounds=0, min_available_nodes=6)
+    with caplog.at_level("WARNING", logger="flwr"):
+        _round(flhc, 1, START, NodesOnly(nodes), dict.fromkeys(nodes, 0))
+    assert flhc.hierarchy.num_clusters_ == 1
+    said = [r.getMessage() for r in caplog.records if "ONE cluster" in r.getMessage()]
+    assert len(said) == 1
+    assert f"{flhc.hierarchy.max_gap_:.3g} < min gap 1.6" in said[0]
+    assert "local epochs" in said[0] and "flhc-min-gap" in said[0]
+    caplog.clear()
+    split = FLHC(warmup_rounds=0, min_available_nodes=6)
+    with caplog.at_level("WARNING", logger="flwr"):
+        _round(split, 1, START, NodesOnly(nodes), {n: n % 2 for n in nodes})
+    assert split.hierarchy.num_clusters_ == 2
+    assert not [r for r in caplog.records if "ONE cluster" in r.getMessage()]

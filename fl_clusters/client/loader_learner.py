@@ -139,6 +139,17 @@ class LoaderLearner(TorchLearner):
         size = getattr(self.loaders["train"], "batch_size", None)
         return size if isinstance(size, int) and size > 0 else None
 
+    def train_batches(self) -> int | None:
+        """Batches in one pass of the user's train loader (``None`` when it has no length).
+
+        A train handler's optimizer steps over this are the epochs it trained.
+        """
+        try:
+            batches = len(self.loaders["train"])  # type: ignore[arg-type]
+        except TypeError:
+            return None
+        return batches if batches > 0 else None
+
     def in_memory(self) -> TorchLearner:
         """A learner that can train, on the training samples read once into memory.
 

@@ -29,9 +29,11 @@ def train_reply(learner: TorchLearner, message: Message, context: Context) -> Me
     else:
         settings = sgd_settings(config, context)
         arrays, loss = learner.train(choice.arrays, proximal_centers=choice.centers, **settings)
-        metrics[p.M_STEPS_DONE] = learner.num_steps(
-            settings["batch_size"], settings["epochs"], settings["steps"]
-        )
+        steps = learner.num_steps(settings["batch_size"], settings["epochs"], settings["steps"])
+        metrics[p.M_STEPS_DONE] = steps
+        per_epoch = learner.num_steps(settings["batch_size"])
+        if per_epoch > 0:
+            metrics[p.M_EPOCHS_DONE] = steps / per_epoch
         if is_persistent(config):
             context.state[LOCAL_MODEL] = arrays
     metrics[p.M_TRAIN_LOSS] = loss

@@ -24,7 +24,7 @@ from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
 from fl_clusters.strategies.params import NOT_GIVEN, Param
 from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import average_replies, reply_updates
+from fl_clusters.strategies.replies import average_replies, epochs_done, reply_updates
 
 # The paper's text, as the sources below cite it (docs/paper-fidelity.md).
 SEED_TEXT = "Zhu et al. 2024 (seed 003)"
@@ -46,7 +46,14 @@ class ACFL(HardClusteredStrategy):
     FedAvg inside each cluster, from the members' averaged local-only models.
 
     Each node trains its local-only model once (``trial_epochs`` epochs from the
-    phase-1 model) and scores it on its validation split. A trial reuses these
+    phase-1 model) and scores it on its validation split. A node whose train
+    handler trains fewer epochs a message than asked (an app's own ``train()``
+    reads its run config's ``local-epochs``) and reports them
+    (``local-epochs-done``) is asked again from its own model until it has
+    trained ``trial_epochs``: with 1 epoch a message, one pass left the models
+    untrained and every trial admitted its candidate. When every node ends in
+    one cluster, a warning names the smallest incentive margin, the local-only
+    models' accuracy and what to change. A trial reuses these
     models: their example-weighted average is scored on each member's validation
     split, with no training. Under ``preset="paper"`` a trial is the paper's
     federation (eq. 8): the cluster plus the candidate each train the phase-1
@@ -83,7 +90,8 @@ class ACFL(HardClusteredStrategy):
     trial_epochs : int (default: 60)
         Local epochs of a trial federation (and of the local-only models), >= 1.
         Small clients need many: 60 epochs of ~63 samples are 120 SGD steps (the
-        paper's clients train 15).
+        paper's clients train 15). A handler that trains fewer a message is asked
+        again (at most ``trial_epochs`` messages a node).
     incentive_threshold : str (default: "noise")
         ``"beta"``: a candidate joins when the trial group's incentive is at least
         ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
@@ -238,6 +246,8 @@ class ACFL(HardClusteredStrategy):
         self._last_nodes: list[int] = []
         self._last_updates = np.zeros((0, 0), dtype=np.float32)
         self._phase1_norms: list[float] = []
+        # Each trial's incentive minus its threshold: what admitted every candidate.
+        self._trial_margins: list[float] = []
         # For nodes that join after phase 2: the last phase-1 start and each
         # cluster's mean phase-1 update.
         self._direction_start = ArrayRecord()
@@ -392,7 +402,20 @@ class ACFL(HardClusteredStrategy):
         log(INFO, "round %d: ACFL placed %d nodes in %d clusters of sizes %s after %d trial "
             "federations", server_round, len(nodes), clustering.num_clusters_,
             np.bincount(clustering.labels_).tolist(), self.trial_evaluations)
+        if clustering.num_clusters_ == 1 and len(nodes) > 1:
+            self._warn_one_cluster(server_round, [local_acc[n] for n in nodes])
         return p.pack_clusters(self.mix_clusters(models))
+
+    def _warn_one_cluster(self, server_round: int, local_acc: list[float]) -> None:
+        """Say that every trial admitted its candidate, by what margin, and what to change."""
+        margin = min(self._trial_margins) if self._trial_margins else float("nan")
+        log(WARNING, "round %d: ACFL placed all %d nodes in ONE cluster: every trial's "
+            "incentive reached its threshold (smallest margin %.3g), with local-only models "
+            "of mean validation accuracy %.3g after trial_epochs=%d epochs. If the nodes' "
+            "data differ, those models are too weak to show what federating costs: raise "
+            "'acfl-trial-epochs' or the phase 1 rounds ('acfl-phase1-rounds'), or train more "
+            "local epochs a round", server_round, len(local_acc), margin,
+            float(np.mean(local_acc)), self.trial_epochs)
 
     def _run_trial(
         self,
@@ -419,6 +442,7 @@ class ACFL(HardClusteredStrategy):
         threshold = clustering.threshold_for(group_acc, own_acc, sizes)
         accepted = clustering.report(group_acc, own_acc, sizes)
         self.trial_evaluations += 1
+        self._trial_margins.append(float((group_acc - own_acc).sum()) - threshold)
         # The candidate's own gain is logged apart: the sum can hide what
         # federating costs the newcomer when the group is large.
         log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g; candidate's "
@@ -471,11 +495,47 @@ class ACFL(HardClusteredStrategy):
     def _train_group(
         self, nodes: Sequence[int], model: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> dict[int, Message]:
-        """One trial training round: each node trains ``model``; valid replies by node."""
-        record = RecordDict({p.ARRAYS: model, p.CONFIG: config})
-        self.trial_train_messages += len(nodes)
-        replies = self.send(grid, self.broadcast(nodes, record, MessageType.TRAIN))
-        valid = self.check_replies(replies, model, "ACFL trial", trains=False)
+        """``trial_epochs`` epochs of training of ``model`` on each node; valid replies by node.
+
+        An app's own train handler trains its run config's ``local-epochs`` whatever the
+        message asks. A node whose reply says it trained fewer epochs than
+        ``trial_epochs`` (``local-epochs-done``) trains again from its own last model,
+        until its epochs reach ``trial_epochs`` (at most ``trial_epochs`` messages): the
+        trial scores models trained as long as the parameter says, whatever the handler.
+        A node that does not report its epochs keeps its one pass; one that fails a
+        later pass keeps its last model.
+        """
+        trained = self._train_pass(dict.fromkeys(nodes, model), config, grid)
+        epochs = {node: epochs_done(msg) for node, msg in trained.items()}
+        passes = 1
+        while passes < self.trial_epochs and (short := [
+            n for n, done in epochs.items() if done is not None and done < self.trial_epochs
+        ]):
+            again = self._train_pass(
+                {n: trained[n].content.array_records[p.ARRAYS] for n in short}, config, grid)
+            passes += 1
+            for node in short:
+                done = epochs_done(again[node]) if node in again else None
+                epochs[node] = None if not done else epochs[node] + done  # type: ignore[operator]
+                trained.update({node: again[node]} if done else {})
+        if passes > 1:
+            reached = [e for e in epochs.values() if e is not None]
+            log(INFO if all(e >= self.trial_epochs for e in reached) else WARNING,
+                "ACFL: the nodes' train handler trains fewer than trial_epochs=%d epochs a "
+                "message; %d messages a node took them to %s epochs", self.trial_epochs,
+                passes, f"{min(reached):.3g}" if reached else "an unknown number of")
+        return trained
+
+    def _train_pass(
+        self, models: dict[int, ArrayRecord], config: ConfigRecord, grid: Grid
+    ) -> dict[int, Message]:
+        """Each node trains its model of ``models`` once; the valid replies by node."""
+        self.trial_train_messages += len(models)
+        contents = {node: RecordDict({p.ARRAYS: m, p.CONFIG: config})
+                    for node, m in models.items()}
+        replies = self.send(grid, self.build_messages(contents, MessageType.TRAIN))
+        reference = next(iter(models.values()))
+        valid = self.check_replies(replies, reference, "ACFL trial", trains=False)
         return {m.metadata.src_node_id: m for m in valid}
 
     def _trial_accuracy(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -169,10 +169,22 @@ class FLHC(HardClusteredStrategy):
             "of sizes %s", server_round, len(trained), self.hierarchy.linkage,
             self.hierarchy.metric, self.hierarchy.describe_cut(), self.hierarchy.num_clusters_,
             [len(g) for g in groups.values()])
+        if self.hierarchy.num_clusters_ == 1 and self.hierarchy.num_distinct_ > 1:
+            self._warn_one_cluster(server_round)
         packed, metrics = self.aggregate_clusters(
             [self._models[0]] * self.hierarchy.num_clusters_, groups
         )
         return packed, metrics
+
+    def _warn_one_cluster(self, server_round: int) -> None:
+        """Say that the cut kept one cluster, what it compared, and what to change."""
+        knob = {"gap": "lower 'flhc-min-gap' (one distribution gave jumps up to 1.45)",
+                "relative": "lower 'flhc-distance-ratio'",
+                "absolute": "lower 'flhc-distance-threshold'"}[self.hierarchy.threshold]
+        log(WARNING, "FL+HC round %d: the updates form ONE cluster (%s). If the nodes' data "
+            "differ, one round's updates are too close to tell them apart: train more "
+            "local epochs a round (updates of different data move apart as local training "
+            "grows), or %s", server_round, self.hierarchy.describe_cut(), knob)
 
     def summary_fields(self) -> dict[str, Any]:
         """The clustering round, the cut used and the number of clusters found.

@@ -156,6 +156,12 @@ def num_examples(msg: Message) -> float:
     return float(msg.content.metric_records[p.METRICS][p.M_NUM_EXAMPLES])  # type: ignore[arg-type]
 
 
+def epochs_done(msg: Message) -> float | None:
+    """The ``local-epochs-done`` a valid training reply reports, or ``None`` without it."""
+    metrics = msg.content.metric_records[p.METRICS]
+    return float(metrics[p.M_EPOCHS_DONE]) if p.M_EPOCHS_DONE in metrics else None  # type: ignore[arg-type]
+
+
 def train_losses(replies: Iterable[Message]) -> list[float]:
     """The ``train-loss`` of each valid training reply."""
     return [float(m.content.metric_records[p.METRICS][p.M_TRAIN_LOSS])  # type: ignore[arg-type]
