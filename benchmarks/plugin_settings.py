@@ -16,7 +16,8 @@ Per run the results file records each partition's chosen model (lowest training
 loss, as the wrapper chooses) and its accuracy on the partition's test loader,
 the ARI of the choices against the groups, their mean and minimum, the seconds
 the run took, and every distinct warning it logged. A strategy that says it
-cannot work the setting, by a start-up warning of :data:`CANNOT_WARNINGS` or by
+cannot work the setting, by a warning of :data:`CANNOT_WARNINGS` (at its start, or
+when its clustering keeps one cluster) or by
 raising (fl-clusters' code: its constructor or start refusing), records that
 reason (``cannot``), which the table shows instead of its numbers; an error
 raised elsewhere (the app, Flower, this script) stops the sweep. The file
@@ -84,7 +85,10 @@ BASE_CONFIG: dict[str, Any] = {
 # Start-up warnings by which a strategy says it cannot do what the run asks, though
 # it runs on: FLDC's that its one global model gives no group a model of its own, and
 # that groups smaller than its DBSCAN min_pts form no cluster.
-CANNOT_WARNINGS = ("FLDC trains one global model", "cannot form its own DBSCAN cluster")
+# What a strategy says when it cannot work a setting: at its start (FLDC), or when its
+# one clustering step keeps every node in one cluster (FL+HC's cut, ACFL's trials).
+CANNOT_WARNINGS = ("FLDC trains one global model", "cannot form its own DBSCAN cluster",
+                   "the updates form ONE cluster", "in ONE cluster")
 
 # The example task's one optimizer line, and the user's Adam in its place.
 ADAM_DIFF = """\
