@@ -67,6 +67,8 @@ CFG_RESTART_SEEDS = "restart-seeds"  # IFCA restarts: one seed per candidate
 CFG_NUM_CLUSTERS = "num-clusters"  # IFCA restarts: models per candidate
 CFG_HEAD_LAYERS = "head-layers"  # IFCA restarts: layers drawn (0 = all)
 CFG_MIXTURE = "mixture"  # FedEM: the clusters are the node's mixture components
+CFG_MIXTURE_REFIT = "mixture-refit"  # FedEM: refit pi to the components every round
+CFG_MIXTURE_FULL_STEPS = "mixture-full-steps"  # FedEM: M-step losses at full step size
 
 # Metric keys returned by clients.
 M_NUM_EXAMPLES = "num-examples"

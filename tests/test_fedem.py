@@ -238,6 +238,56 @@ def test_each_component_trains_on_its_own_responsibilities(server_identity) -> N
         assert learner.per_sample_correct(other, "train")[~own[m]].mean() > 0.5
 
 
+def nearly_equal_components() -> list[ArrayRecord]:
+    """Two untrained components, the second a little worse on every sample of source A."""
+    first = ArrayRecord(net().state_dict())
+    second = net()
+    with torch.no_grad():
+        second.weight[1, 0] -= 0.1
+        second.weight[0, 0] += 0.1
+    return [first, ArrayRecord(second.state_dict())]
+
+
+def robust_message(models: list[ArrayRecord], robust: bool) -> Message:
+    """A FedEM training task of 5 plain-SGD steps, with (or without) the robust rules' keys."""
+    config = ConfigRecord({p.CFG_MIXTURE: True, p.CFG_LR: 0.1, p.CFG_STEPS: 5, p.CFG_ROUND: 2,
+                           p.CFG_BATCH: 32})
+    if robust:
+        config[p.CFG_MIXTURE_REFIT] = True
+        config[p.CFG_MIXTURE_FULL_STEPS] = True
+    return Message(RecordDict({p.CLUSTERS: p.pack_clusters(models), p.CONFIG: config}),
+                   dst_node_id=7, message_type="train")
+
+
+def test_component_a_node_chooses_trains_as_far_as_fedavgs_model(server_identity) -> None:
+    """A node of one source, two components whose losses differ by about 0.05 a sample
+    (a short warm start's). The paper's rules leave pi near (1/2, 1/2) and about
+    halve component 0's steps; the robust ones give pi near (1, 0) and component 0 the
+    node's full training (as far as an unweighted training, FedAvg's, moves it),
+    while component 1, which the node does not explain, barely moves."""
+    x, y, is_b = sources(200, 0.0, 8)
+    assert not is_b.any()
+    learner = learner_on(x, y)
+    models = nearly_equal_components()
+    losses, _, _ = learner.component_scores(models, "train")
+    assert 0 < (losses[1] - losses[0]).mean() < 0.1
+    unweighted, _ = learner.train(models[0], lr=0.1, batch_size=32, steps=5)
+    fedavg_move = np.linalg.norm(flat(unweighted) - flat(models[0]))
+    moves, weights = {}, {}
+    for robust in (False, True):
+        ctx = context()
+        reply = fedem_train(learner, robust_message(models, robust), ctx)
+        trained = p.unpack_clusters(reply.content.array_records[p.ARRAYS])
+        moves[robust] = [np.linalg.norm(flat(t) - flat(m)) / fedavg_move
+                         for t, m in zip(trained, models, strict=True)]
+        weights[robust] = np.asarray(ctx.state.config_records[MIXTURE_WEIGHTS]["pi"])
+    assert 0.5 < weights[False][0] < 0.6
+    # Measured: 0.63 and 0.57 of FedAvg's move; robust: 1.09 and 0.00002.
+    assert moves[False][0] < 0.7 and moves[False][1] > 0.4
+    assert weights[True][0] > 0.95
+    assert moves[True][0] >= 0.95 and moves[True][1] < 0.1
+
+
 def test_mixture_prediction_and_report_use_the_nodes_pi(server_identity) -> None:
     x, y, _ = sources(200, 0.5, 4)
     test_x, test_y, is_b = sources(100, 0.5, 5)
@@ -297,7 +347,8 @@ def reply(msg: Message, arrays: ArrayRecord, examples: int, pi: list[float] | No
 
 
 def test_server_averages_each_component_weighted_by_examples(server_identity) -> None:
-    strategy = FedEM(2, init="random", seed=1)
+    """The paper's average: every component weighted by the nodes' examples."""
+    strategy = FedEM(2, init="random", seed=1, preset="paper")
     start = layer(0.0, np.random.default_rng(0).normal(size=(3, 4)))
     messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}),
                                              NodesGrid([1, 2, 3, 4])))  # type: ignore[arg-type]
@@ -305,6 +356,8 @@ def test_server_averages_each_component_weighted_by_examples(server_identity) ->
     sent = messages[0].content
     assert sent.config_records[p.CONFIG][p.CFG_MIXTURE] is True
     assert sent.config_records[p.CONFIG]["lr"] == 0.1
+    assert sent.config_records[p.CONFIG][p.CFG_MIXTURE_REFIT] is False
+    assert sent.config_records[p.CONFIG][p.CFG_MIXTURE_FULL_STEPS] is False
     components = p.unpack_clusters(sent.array_records[p.CLUSTERS])
     assert len(components) == 2
     assert not np.allclose(components[0]["layer.weight"].numpy(),
@@ -333,6 +386,42 @@ def test_server_averages_each_component_weighted_by_examples(server_identity) ->
     for msg in evaluate:
         assert p.num_packed_clusters(msg.content.array_records[p.CLUSTERS]) == 2
         assert msg.content.config_records[p.CONFIG][p.CFG_MIXTURE] is True
+
+
+def test_robust_server_weighs_each_component_by_the_examples_nodes_give_it(
+    server_identity,
+) -> None:
+    """Robust: component m weighted by n_t pi_tm, the rules' keys sent to the nodes."""
+    strategy = FedEM(2, init="random", seed=1)
+    start = layer(0.0, np.random.default_rng(0).normal(size=(3, 4)))
+    messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}),
+                                             NodesGrid([1, 2, 3])))  # type: ignore[arg-type]
+    sent = messages[0].content.config_records[p.CONFIG]
+    assert sent[p.CFG_MIXTURE_REFIT] is True and sent[p.CFG_MIXTURE_FULL_STEPS] is True
+    # Node k returns component 0 full of k and component 1 full of -k, with 10k examples.
+    pis = {1: [0.9, 0.1], 2: [0.2, 0.8], 3: [1.0, 0.0]}
+    replies = [
+        reply(m, p.pack_clusters([layer(k), layer(-k)]), 10 * k, pis[k])
+        for m in messages
+        for k in [m.metadata.dst_node_id]
+    ]
+    packed, _ = strategy.aggregate_train(1, replies)
+    assert packed is not None
+    first, second = p.unpack_clusters(packed)
+    w0 = {1: 10 * 0.9, 2: 20 * 0.2, 3: 30 * 1.0}
+    w1 = {1: 10 * 0.1, 2: 20 * 0.8, 3: 0.0}
+    np.testing.assert_allclose(first["layer.weight"].numpy(),
+                               sum(k * w for k, w in w0.items()) / sum(w0.values()), rtol=1e-6)
+    np.testing.assert_allclose(second["layer.weight"].numpy(),
+                               -sum(k * w for k, w in w1.items()) / sum(w1.values()), rtol=1e-6)
+    # A component no node gives any weight falls back on the examples.
+    alone = {1: [1.0, 0.0], 2: [1.0, 0.0], 3: [1.0, 0.0]}
+    replies = [reply(m, p.pack_clusters([layer(k), layer(-k)]), 10 * k, alone[k])
+               for m in messages for k in [m.metadata.dst_node_id]]
+    packed, _ = strategy.aggregate_train(1, replies)
+    assert packed is not None
+    np.testing.assert_allclose(p.unpack_clusters(packed)[1]["layer.weight"].numpy(),
+                               -(1 * 10 + 2 * 20 + 3 * 30) / 60, rtol=1e-6)
 
 
 def test_random_init_keeps_the_users_initial_arrays(server_identity) -> None:

@@ -312,7 +312,7 @@ PAPER_DIGESTS = {
     "CFL": (2, "6efde5a95179"),
     "FLDC": (2, "3c1e803095c9"),
     "FLHC": (1, "25f86a6e2248"),
-    "FedEM": (1, "14aef8b2a54c"),
+    "FedEM": (1, "5be69a31061e"),
     "FedSoft": (2, "d0c1367c5c78"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),

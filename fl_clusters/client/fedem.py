@@ -15,7 +15,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from fl_clusters import protocol as p
 from fl_clusters.client.task import candidate_models, reply, sgd_settings, task_config
 from fl_clusters.client.user_training import UserTraining
-from fl_clusters.clustering import e_step, fit_mixture_weights, mixture_probabilities
+from fl_clusters.clustering import (
+    fit_mixture_weights,
+    full_step_scales,
+    mixture_probabilities,
+    node_e_step,
+)
 from fl_clusters.learner import TorchLearner
 
 MIXTURE_WEIGHTS = "mixture-weights"  # key of the node's FedEM pi in context.state
@@ -84,10 +89,14 @@ def fedem_train(
     """FedEM's local step: E-step on the training split, then every component's M-step.
 
     The responsibilities ``q(m, i)`` and the new ``pi = mean_i q`` come from the
-    components the server sent and the node's previous pi (uniform at first);
-    component m is then trained with the same lr, epochs/steps and batches as
-    any other local task, each sample's loss weighted by ``q(m, i)``. pi is kept
-    in ``context.state`` and reported; the reply packs the M trained components.
+    components the server sent and the node's previous pi (uniform at first), or
+    with config ``"mixture-refit"`` from pi refitted to those components
+    (:func:`~fl_clusters.clustering.node_e_step`); component m is then trained
+    with the same lr, epochs/steps and batches as any other local task, each
+    sample's loss weighted by ``q(m, i)``, divided by ``max(pi_m, 1/M)`` with
+    config ``"mixture-full-steps"``
+    (:func:`~fl_clusters.clustering.full_step_scales`). pi is kept in
+    ``context.state`` and reported; the reply packs the M trained components.
 
     With ``user_training`` (a plug-in user's handler as it last trained on this
     node) every component takes that handler's number of steps instead, in batches
@@ -97,21 +106,22 @@ def fedem_train(
     """
     config = task_config(message)
     models = fedem_components(message)
-    pi = stored_mixture_weights(context, len(models))
-    if pi is None:
-        pi = np.full(len(models), 1.0 / len(models))
     losses, _, _ = learner.component_scores(models, "train")
-    q, pi = e_step(losses, pi)
+    q, pi = node_e_step(losses, stored_mixture_weights(context, len(models)),
+                        refit=bool(config.get(p.CFG_MIXTURE_REFIT, False)))
+    scales = (full_step_scales(pi) if config.get(p.CFG_MIXTURE_FULL_STEPS, False)
+              else np.ones(len(models)))
     settings = sgd_settings(config, context)
     if user_training is not None:
         settings.update(steps=user_training.steps, optimizer_fn=user_training.optimizer_fn())
         if batch_size is not None:
             settings["batch_size"] = batch_size
     trained, total_loss = [], 0.0
-    for model, weights in zip(models, q, strict=True):
-        arrays, loss = learner.train(model, sample_weights=weights, **settings)
+    for model, weights, scale in zip(models, q, scales, strict=True):
+        arrays, loss = learner.train(model, sample_weights=weights / scale, **settings)
         trained.append(arrays)
-        total_loss += loss  # the q-weighted losses of the components add up (sum_m q = 1)
+        # Back on the q-weighted scale, the components' losses add up (sum_m q = 1).
+        total_loss += loss * scale
     context.state[MIXTURE_WEIGHTS] = ConfigRecord({"pi": pi.tolist()})
     metrics = MetricRecord(
         {

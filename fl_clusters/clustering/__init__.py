@@ -40,7 +40,9 @@ from fl_clusters.clustering.kmeans_models import initial_kmeans, weighted_kmeans
 from fl_clusters.clustering.mixture import (
     e_step,
     fit_mixture_weights,
+    full_step_scales,
     mixture_probabilities,
+    node_e_step,
     responsibilities,
 )
 from fl_clusters.clustering.ordering import (
@@ -84,6 +86,7 @@ __all__ = [
     "e_step",
     "fit_mixture_weights",
     "flatten_models",
+    "full_step_scales",
     "group_by_kmeans",
     "has_converged",
     "has_positive_incentive",
@@ -99,6 +102,7 @@ __all__ = [
     "model_updates",
     "most_balanced_restart",
     "nearest_feature",
+    "node_e_step",
     "order_by_similarity",
     "output_layer_profiles",
     "pairwise_cosine",

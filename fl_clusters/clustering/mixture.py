@@ -97,6 +97,63 @@ def fit_mixture_weights(
     return pi
 
 
+# E-steps of a refit (node_e_step): enough for pi to reach the boundary when the
+# components' per-sample losses differ by a few hundredths (each step then moves the
+# ratio of two weights by about that factor).
+REFIT_ITERATIONS = 1000
+
+
+def node_e_step(
+    losses: np.ndarray, kept: np.ndarray | None, refit: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """A node's E-step of a FedEM round: the responsibilities and its new pi.
+
+    Parameters
+    ----------
+    losses : np.ndarray
+        (M, n) per-sample training losses of the M components the node received.
+    kept : np.ndarray | None
+        The pi the node kept from its last training round; ``None``: uniform.
+    refit : bool
+        False: one E-step from ``kept`` (the paper's). True: pi refitted to the
+        received components (:func:`fit_mixture_weights`, up to
+        :data:`REFIT_ITERATIONS` E-steps from uniform; ``kept`` is not used),
+        then the E-step under it: the node's maximum-likelihood pi weighs the
+        evidence of all its samples at once, where one E-step from nearly equal
+        components leaves every responsibility near 1/M.
+
+    Returns
+    -------
+    tuple[np.ndarray, np.ndarray]
+        ``q`` (M, n) and the new ``pi`` (M,).
+    """
+    matrix = _finite_matrix("losses", losses)
+    if refit:
+        return e_step(matrix, fit_mixture_weights(matrix, max_iter=REFIT_ITERATIONS))
+    if kept is None:
+        kept = np.full(matrix.shape[0], 1.0 / max(matrix.shape[0], 1))
+    return e_step(matrix, kept)
+
+
+def full_step_scales(weights: np.ndarray) -> np.ndarray:
+    """Per component, what a node divides its q-weighted M-step loss by: ``max(pi_m, 1/M)``.
+
+    The paper's loss ``mean_i q(m, i) loss_m(i)`` makes a node's steps on
+    component m about ``pi_m`` times those of an unweighted loss; divided by
+    ``pi_m`` it is the q-weighted mean, at full step size, for every component
+    the node explains at least as well as uniform. Below ``1/M`` the steps
+    shrink with ``pi_m`` (no sample weight exceeds M), so a component the node
+    hardly explains is not pulled at full size by a few of its samples.
+
+    Parameters
+    ----------
+    weights : np.ndarray
+        (M,) the node's mixture weights pi.
+    """
+    pi = _check_weights(weights, np.asarray(weights).shape[0])
+    return np.maximum(pi, 1.0 / pi.size)
+
+
 def mixture_probabilities(probabilities: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """FedEM's personalized prediction ``p(y | x) = sum_m pi_m p_m(y | x)``.
 

@@ -13,10 +13,16 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
+from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.interface import Scoring
 from fl_clusters.strategies.params import NOT_GIVEN, Param
 from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import average_replies, train_losses
+from fl_clusters.strategies.replies import (
+    average_packed_clusters,
+    average_replies,
+    num_examples,
+    train_losses,
+)
 from fl_clusters.strategies.shared_params import FRACTION_TRAIN, num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
@@ -33,6 +39,11 @@ class FedEM(CentresFromStart):
     trained locally on the loss weighted per sample by ``q_t(m, .)``. It replies
     with the M updated components and its pi. The server averages each
     component over the replies weighted by the nodes' training examples ``n_t``.
+    Under ``preset="robust"`` two rules depart (``behaviours``): a node refits pi
+    to the components it receives each round (``refit_mixture_weights``), and it
+    divides component m's loss by ``max(pi_m, 1/M)`` while the server weighs its
+    component m by ``n_t pi_tm`` (``full_step_m_step``): a component the node
+    chooses gets its full local training, as FedAvg's model would.
 
     Evaluation sends every node all M components; the node scores its mixture
     ``p(y | x) = sum_m pi_tm p_m(y | x)`` on its test split (a node that never
@@ -69,6 +80,9 @@ class FedEM(CentresFromStart):
 
     name = "fedem"
     paper = "Marfoq et al., NeurIPS 2021"
+    # 2: pi refitted every round (refit_mixture_weights) and full-size M-steps
+    # (full_step_m_step).
+    robust_revision = 2
     client_needs = "nothing more; fl-clusters trains the components (below)"
     params = (
         num_clusters_param(3, low=2),  # M = 1 would be FedAvg
@@ -102,6 +116,37 @@ class FedEM(CentresFromStart):
                     "multi_step",
                     not_applied="each round's message sends one lr; no schedule changes it"),
     )
+    behaviours = (
+        Behaviour(
+            "refit_mixture_weights",
+            paper_rule="each round a node takes one E-step from the pi it kept: "
+            "q(m, i) from pi and the components' losses, then pi = mean_i q(m, i)",
+            robust_rule="each round a node refits pi to the components it received (E-steps "
+            "from uniform until pi settles, at most 1000: the maximum-likelihood weights), "
+            "then takes the responsibilities under that pi",
+            why="components that start nearly equal (a warm start of few local steps) give "
+            "per-sample losses a few hundredths apart, so one E-step a round leaves every "
+            "responsibility near 1/M and no component takes a group within a run (Flower's "
+            "quickstart with 1 local epoch: max_m q about 0.52 through 10 rounds); summed "
+            "over all of a node's samples the same gaps decide its pi",
+            source="Marfoq et al. 2021 (not among the seeds), Algorithm 1; the digest in "
+            "ALGORITHMS.md: pi_tm = mean_i q_t(i, m), one E-step per round"),
+        Behaviour(
+            "full_step_m_step",
+            paper_rule="component m's local loss is mean_i q(m, i) loss_m(i) and the server "
+            "averages component m over the nodes weighted by their examples n_t",
+            robust_rule="a node divides that loss by max(pi_m, 1/M) (the q-weighted mean "
+            "for a component it explains at least as well as uniform) and the server "
+            "averages component m weighted by n_t pi_tm, the examples the node gives it",
+            why="under the paper's weighting a node's steps on a component scale with its "
+            "pi, so with responsibilities near 1/M every component trains about M times "
+            "slower than FedAvg's model and stays on the untrained plateau (Flower's "
+            "quickstart with 1 local epoch); a component a node chooses now gets the "
+            "node's full local training, and a node that hardly explains it barely moves it",
+            source="Marfoq et al. 2021 (not among the seeds), Algorithm 1; the digest in "
+            "ALGORITHMS.md: M-step on the loss weighted by q_t(., m), server average "
+            "weighted by n_t"),
+    )
 
     def __init__(
         self,
@@ -134,6 +179,8 @@ class FedEM(CentresFromStart):
         """Every M component to each sampled node (none when ``fraction`` is 0)."""
         node_config = self.round_config(config, server_round)
         node_config[p.CFG_MIXTURE] = True
+        node_config[p.CFG_MIXTURE_REFIT] = self.refit_mixture_weights
+        node_config[p.CFG_MIXTURE_FULL_STEPS] = self.full_step_m_step
         record = RecordDict({p.CLUSTERS: arrays, p.CONFIG: node_config})
         return self.broadcast(self.sampled(grid, fraction), record, message_type)
 
@@ -172,7 +219,8 @@ class FedEM(CentresFromStart):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Component m <- mean of the nodes' component m, weighted by their examples."""
+        """Component m <- mean of the nodes' component m, weighted by their examples
+        (times their pi_m under ``full_step_m_step``)."""
         if self.in_warm_start(server_round):
             return self.aggregate_warm_start(server_round, replies)
         valid = []
@@ -202,9 +250,21 @@ class FedEM(CentresFromStart):
                 "mean-mixture-weights": mean_pi.tolist(),
             }
         )
-        # The packed components share keys, so one example-weighted mean averages
-        # every component over the nodes at once.
-        return average_replies(valid), metrics
+        return self._average_components(valid), metrics
+
+    def _average_components(self, valid: list[Message]) -> ArrayRecord:
+        """Every component averaged over ``valid``: weighted by n_t, or by n_t pi_tm
+        under ``full_step_m_step`` (n_t where no node gives a component any weight)."""
+        if not self.full_step_m_step:
+            # The packed components share keys, so one example-weighted mean averages
+            # every component over the nodes at once.
+            return average_replies(valid)
+        examples = np.array([num_examples(msg) for msg in valid])
+        pis = np.array([self.mixture_weights[msg.metadata.src_node_id] for msg in valid])
+        weights = examples[:, None] * pis
+        unclaimed = weights.sum(axis=0) <= 0
+        weights[:, unclaimed] = examples[:, None]
+        return average_packed_clusters(valid, weights)
 
     # --------------------------------------------------------------- warm start
     def centres_from_groups(

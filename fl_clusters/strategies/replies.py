@@ -216,6 +216,25 @@ def average_replies(
     return p.numpy_to_record(names, weighted_average(reply_layers(replies, names), weights))
 
 
+def average_packed_clusters(replies: Sequence[Message], weights: np.ndarray) -> ArrayRecord:
+    """Each packed cluster of the valid replies averaged with weights of its own.
+
+    ``weights`` is (replies, clusters): column j weighs the replies' cluster j,
+    non-negative with a positive total. The replies pack clusters only (no
+    shared arrays).
+    """
+    names = list(replies[0].content.array_records[p.ARRAYS])
+    averaged: dict[str, np.ndarray] = {}
+    for cluster in range(weights.shape[1]):
+        keys = [n for n in names if n.startswith(p.cluster_prefix(cluster))]
+        layers = weighted_average(reply_layers(replies, keys), weights[:, cluster].tolist())
+        averaged.update(zip(keys, layers, strict=True))
+    if len(averaged) != len(names):
+        raise ValueError(f"the replies hold {len(names)} arrays, {len(averaged)} of them in "
+                         f"{weights.shape[1]} packed clusters; every array must be in one")
+    return p.numpy_to_record(names, [averaged[n] for n in names])
+
+
 def reply_updates(trained: Sequence[Message], start: ArrayRecord) -> np.ndarray:
     """Flattened float32 updates of the replies, relative to the model they started from."""
     names = list(start.keys())
