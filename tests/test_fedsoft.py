@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -181,6 +182,30 @@ def test_cluster_models_weigh_the_drawn_nodes_by_importance(
     assert packed is not None
     for model, picks in zip(p.unpack_clusters(packed), paper.selections[1], strict=True):
         np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(picks), rtol=1e-6)
+
+
+def test_the_last_round_says_when_no_importance_weight_tells_the_clusters_apart(
+    server_identity, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Cluster models that fit every node's samples alike (too little training for
+    # their losses to tell the groups apart) leave u near 1/2 for every node: the
+    # clusters average the nodes alike, and the run must say so at its end.
+    said = "tell the clusters apart for no node"
+    ties = {1: [52, 48], 2: [47, 53], 3: [50, 50], 4: [51, 49]}
+    strategy = FedSoft(2, init="random")
+    strategy.final_round = 2
+    with caplog.at_level(logging.WARNING):
+        list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(ties)))  # type: ignore[arg-type]
+        assert said not in caplog.text  # only the last round judges
+        list(strategy.configure_train(2, _model(0.0), ConfigRecord(), CountsGrid(ties)))  # type: ignore[arg-type]
+    assert said in caplog.text and "largest 0.53" in caplog.text
+    caplog.clear()
+    groups = {1: [60, 40], 2: [47, 53], 3: [50, 50], 4: [51, 49]}  # node 1 leans to 0
+    strategy = FedSoft(2, init="random")
+    strategy.final_round = 1
+    with caplog.at_level(logging.WARNING):
+        list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(groups)))  # type: ignore[arg-type]
+    assert said not in caplog.text
 
 
 def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:

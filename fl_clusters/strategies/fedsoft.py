@@ -38,6 +38,12 @@ def _mean(replies: list[Message], names: list[str],
         reply_layers(replies, names), [1.0] * len(replies) if weights is None else weights))
 
 
+# How far above the tie 1/S some node's largest importance weight must lie for the
+# estimates to tell the clusters apart: twice the sampling noise of a share of
+# about 100 samples at S = 2 (sqrt(0.25 / 100) = 0.05).
+INFORMATIVE_MARGIN = 0.1
+
+
 class FedSoft(CentresFromStart):
     """FedSoft, following Algorithm 1 of the paper.
 
@@ -309,6 +315,8 @@ class FedSoft(CentresFromStart):
         nodes = sorted(self.importance, key=self.node_order)
         u = np.stack([self.importance[node] for node in nodes])
         sizes = np.array([self.num_train_examples[node] for node in nodes])
+        if server_round == self.final_round:
+            self.warn_if_uninformative(server_round, u)
         probabilities = selection_probabilities(u, sizes)
         drawn = (
             [np.flatnonzero(row) for row in probabilities] if self.clients_per_cluster is None
@@ -336,6 +344,23 @@ class FedSoft(CentresFromStart):
         log(INFO, "configure_train: clusters drew %s nodes; %d distinct nodes train once each",
             [len(picks) for picks in drawn], len(messages))
         return messages
+
+    def warn_if_uninformative(self, server_round: int, u: np.ndarray) -> None:
+        """Say so when the run ends with importance weights (N, S) that tell no cluster apart.
+
+        Weights all near 1/S make every cluster model the same average of the
+        nodes, so none serves a group of its own, and the run still looks healthy.
+        """
+        tie = 1.0 / self.num_clusters
+        largest = float(np.max(u)) if u.size else tie
+        if self.num_clusters > 1 and largest < tie + INFORMATIVE_MARGIN:
+            log(WARNING, "round %d: FedSoft's importance weights tell the clusters apart for "
+                "no node (largest %.2f, a tie is %.2f): every cluster model averages the "
+                "nodes alike and none serves a group of its own. Its cluster models fit no "
+                "node's training samples better than the others, too little local training "
+                "a round for their losses to tell the groups apart: give each round more "
+                "local training (local epochs or steps) or run more rounds",
+                server_round, largest, tie)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
