@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -78,14 +79,33 @@ def _model(value: float) -> ArrayRecord:
     )
 
 
+def _replies(messages: list[Message]) -> list[Message]:
+    """Node k returns a model full of k, trained on 10 k examples."""
+    return [
+        Message(
+            RecordDict(
+                {
+                    p.ARRAYS: _model(float(m.metadata.dst_node_id)),
+                    p.METRICS: MetricRecord(
+                        {p.M_NUM_EXAMPLES: 10 * m.metadata.dst_node_id, p.M_TRAIN_LOSS: 0.1}
+                    ),
+                }
+            ),
+            reply_to=m,
+        )
+        for m in messages
+    ]
+
+
 def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) -> None:
     # Nodes 1-3 fit cluster 0 best, 4-6 cluster 1; node 7 sends counts for 3 clusters
-    # and node 8 an all-zero count: both are logged and skipped.
+    # and node 8 an all-zero count: both are logged and skipped. The paper's rules:
+    # K draws per cluster, each cluster the plain mean of its draws.
     counts = {1: [9, 1], 2: [8, 2], 3: [10, 0], 4: [0, 10], 5: [1, 9], 6: [5, 5],
               7: [1, 1, 1], 8: [0, 0]}
     grid = CountsGrid(counts)
     strategy = FedSoft(2, tau=2, sigma=0.01, clients_per_cluster=4, proximal_lambda=0.3,
-                       init="random")
+                       init="random", preset="paper")
     messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord({"lr": 0.1}), grid))  # type: ignore[arg-type]
     assert grid.queries == 8 and strategy.rejected_replies == 2
     assert sorted(strategy.importance) == [1, 2, 3, 4, 5, 6]
@@ -107,21 +127,7 @@ def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) 
         # A node without a model of its own starts from the common initial model.
         assert msg.content.array_records[p.ARRAYS]["layer.bias"].numpy().tolist() == [0.0] * 3
     # Node k returns a model full of k; cluster s must be the plain mean over its draws.
-    replies = [
-        Message(
-            RecordDict(
-                {
-                    p.ARRAYS: _model(float(m.metadata.dst_node_id)),
-                    p.METRICS: MetricRecord(
-                        {p.M_NUM_EXAMPLES: 10 * m.metadata.dst_node_id, p.M_TRAIN_LOSS: 0.1}
-                    ),
-                }
-            ),
-            reply_to=m,
-        )
-        for m in messages
-    ]
-    packed, metrics = strategy.aggregate_train(1, replies)
+    packed, metrics = strategy.aggregate_train(1, _replies(messages))
     assert packed is not None and metrics is not None
     for s, model in enumerate(p.unpack_clusters(packed)):
         np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(drawn[s]), rtol=1e-6)
@@ -144,6 +150,62 @@ def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) 
     fields = strategy.summary_fields()
     assert fields["max_train_tasks_per_node"] == 1
     assert set(fields["importance_weights"]) == {str(n) for n in range(1, 7)}
+
+
+@pytest.mark.parametrize("clients_per_cluster", [None, 5])
+def test_cluster_models_weigh_the_drawn_nodes_by_importance(
+    server_identity, clients_per_cluster: int | None
+) -> None:
+    # Two groups of 3 nodes (1-3 fit cluster 0, 4-6 cluster 1). With K = 5 each
+    # cluster also draws 2 nodes of the other group at the floor sigma: the paper's
+    # plain mean gives them 2/5 of the cluster model, so both models mix both
+    # groups. The robust rule weighs every drawn node by u_ks n_k; by default (no K)
+    # every node trains every round.
+    counts = {1: [10, 0], 2: [10, 0], 3: [10, 0], 4: [0, 10], 5: [0, 10], 6: [0, 10]}
+    strategy = FedSoft(2, init="random", clients_per_cluster=clients_per_cluster)
+    assert strategy.importance_weighted_mean and strategy.sigma == 1e-4
+    grid = CountsGrid(counts)
+    messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
+    drawn = strategy.selections[1]
+    assert [len(d) for d in drawn] == [clients_per_cluster or 6] * 2
+    assert {1, 2, 3} <= set(drawn[0]) and {4, 5, 6} <= set(drawn[1])
+    packed, _ = strategy.aggregate_train(1, _replies(messages))
+    assert packed is not None
+    members = [[1, 2, 3], [4, 5, 6]]
+    for model, group in zip(p.unpack_clusters(packed), members, strict=True):
+        # The group's mean (every node counted 10 samples), the others at sigma.
+        np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(group), rtol=1e-3)
+    paper = FedSoft(2, init="random", clients_per_cluster=5, preset="paper")
+    assert not paper.importance_weighted_mean
+    messages = list(paper.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(counts)))  # type: ignore[arg-type]
+    packed, _ = paper.aggregate_train(1, _replies(messages))
+    assert packed is not None
+    for model, picks in zip(p.unpack_clusters(packed), paper.selections[1], strict=True):
+        np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(picks), rtol=1e-6)
+
+
+def test_the_last_round_says_when_no_importance_weight_tells_the_clusters_apart(
+    server_identity, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Cluster models that fit every node's samples alike (too little training for
+    # their losses to tell the groups apart) leave u near 1/2 for every node: the
+    # clusters average the nodes alike, and the run must say so at its end.
+    said = "tell the clusters apart for no node"
+    ties = {1: [52, 48], 2: [47, 53], 3: [50, 50], 4: [51, 49]}
+    strategy = FedSoft(2, init="random")
+    strategy.final_round = 2
+    with caplog.at_level(logging.WARNING):
+        list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(ties)))  # type: ignore[arg-type]
+        assert said not in caplog.text  # only the last round judges
+        list(strategy.configure_train(2, _model(0.0), ConfigRecord(), CountsGrid(ties)))  # type: ignore[arg-type]
+    assert said in caplog.text and "largest 0.53" in caplog.text
+    caplog.clear()
+    groups = {1: [60, 40], 2: [47, 53], 3: [50, 50], 4: [51, 49]}  # node 1 leans to 0
+    strategy = FedSoft(2, init="random")
+    strategy.final_round = 1
+    with caplog.at_level(logging.WARNING):
+        list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(groups)))  # type: ignore[arg-type]
+    assert said not in caplog.text
 
 
 def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:
@@ -177,9 +239,18 @@ def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:
     assert groups[1] == groups[2] == groups[3] != groups[4] == groups[5] == groups[6]
     means = sorted(float(m["layer.bias"].numpy()[0]) for m in p.unpack_clusters(packed))
     np.testing.assert_allclose(means, [-1.0, 1.0], rtol=1e-6)
-    # Round 2 is FedSoft proper: the first importance estimate, then the draws.
+    # The groups are the first importance weights: round 2 draws by them and asks no
+    # node (the centres, means of one local task's models, would fit every sample
+    # alike); round 3 (tau = 2) estimates from the trained cluster models.
+    for node, group in groups.items():
+        np.testing.assert_allclose(strategy.importance[node],
+                                   [1.0 if s == group else 1e-4 for s in range(2)])
     list(strategy.configure_train(2, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
-    assert grid.queries == 6 and strategy.estimate_rounds == [2]
+    assert grid.queries == 0 and strategy.estimate_rounds == []
+    for s, picks in enumerate(strategy.selections[2]):  # K = 2 of each group's 3 nodes
+        assert len(picks) == 2 and all(groups[n] == s for n in picks)
+    list(strategy.configure_train(3, packed, ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert grid.queries == 6 and strategy.estimate_rounds == [3]
     assert strategy.summary_fields()["init"] == "local-kmeans"
 
 
@@ -264,9 +335,10 @@ class _CountingLearner(TorchLearner):
 
 
 def test_each_drawn_node_solves_one_proximal_problem_per_round(federation, tmp_path) -> None:
-    # The random start: every round draws (a warm-start round would train every node once).
+    # The random start: every round draws (a warm-start round would train every node once),
+    # K nodes per cluster (by default every node is drawn for every cluster).
     overrides = {**MIXTURE, "strategy": "fedsoft", "fedsoft-init": "random", "num-rounds": 4,
-                 "mixture-alpha": 0.5}
+                 "mixture-alpha": 0.5, "fedsoft-clients-per-cluster": 5}
     log_file = tmp_path / "tasks.log"
 
     def learner_fn(context: Context) -> TorchLearner:
@@ -368,7 +440,7 @@ def test_local_kmeans_warm_start_groups_clients_by_their_dominant_source(federat
     rounds = [json.loads(line) for line in (summary["_folder"] / "rounds.jsonl").open()]
     assert rounds[0]["train"]["num-trained"] == NUM_CLIENTS
     assert summary["max_train_tasks_per_node"] == 1
-    assert summary["importance_estimate_rounds"][0] == 2
+    assert summary["importance_estimate_rounds"][0] == 3
 
 
 @pytest.fixture(scope="module")

@@ -313,7 +313,7 @@ PAPER_DIGESTS = {
     "FLDC": (2, "3c1e803095c9"),
     "FLHC": (1, "25f86a6e2248"),
     "FedEM": (1, "5be69a31061e"),
-    "FedSoft": (2, "d0c1367c5c78"),
+    "FedSoft": (2, "ea3098fb73e0"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),
 }

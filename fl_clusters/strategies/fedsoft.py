@@ -31,10 +31,18 @@ from fl_clusters.strategies.shared_params import num_clusters_param
 from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
-def _plain_mean(replies: list[Message], names: list[str]) -> ArrayRecord:
-    """The unweighted mean of the replies' models (FedSoft's 1/K cluster update)."""
-    return p.numpy_to_record(names, weighted_average(reply_layers(replies, names),
-                                                     [1.0] * len(replies)))
+def _mean(replies: list[Message], names: list[str],
+          weights: list[float] | None = None) -> ArrayRecord:
+    """The mean of the replies' models, weighted by ``weights`` (``None``: unweighted,
+    FedSoft's 1/K cluster update)."""
+    return p.numpy_to_record(names, weighted_average(
+        reply_layers(replies, names), [1.0] * len(replies) if weights is None else weights))
+
+
+# How far above the tie 1/S some node's largest importance weight must lie for the
+# estimates to tell the clusters apart: twice the sampling noise of a share of
+# about 100 samples at S = 2 (sqrt(0.25 / 100) = 0.05).
+INFORMATIVE_MARGIN = 0.1
 
 
 class FedSoft(CentresFromStart):
@@ -45,7 +53,9 @@ class FedSoft(CentresFromStart):
     turns the counts into importance weights ``u_ks = max(n_ks / n_k, sigma)`` and
     reuses them until the next estimate. Each round, for every cluster s, K nodes
     are drawn with probabilities ``v_sk = u_ks n_k / sum_k' u_k's n_k'``,
-    independently per cluster. A node drawn for several clusters gets ONE message
+    independently per cluster and without replacement (by default, no K: every
+    node is drawn for every cluster, as the authors' code runs without
+    selection). A node drawn for several clusters gets ONE message
     and solves ONE proximal problem,
     ``f_k(w) + lambda/2 * sum_s u_ks ||w - c_s||^2``, starting from its own model
     kept on the node between rounds (its personalized model). Every node's model
@@ -53,10 +63,19 @@ class FedSoft(CentresFromStart):
     cluster models start as independent random draws: the draws break the symmetry
     between clusters, and the common start keeps the nodes' models aligned so that
     averaging them into a cluster model is meaningful (with packed initial arrays,
-    a node starts from the cluster model it weighs most). Cluster s becomes the plain mean
-    ``1/K sum w_k`` of the models returned by the nodes drawn for s, as in the
-    paper (not weighted by examples; 1/|returned| when a drawn node failed); a
-    cluster whose drawn nodes all failed keeps its model.
+    a node starts from the cluster model it weighs most). Cluster s becomes the
+    mean of the models returned by the nodes drawn for s weighted by
+    ``u_ks n_k`` (``preset="paper"``: the plain mean ``1/K sum w_k`` of the
+    paper), normalized over the nodes that returned one; a cluster whose drawn
+    nodes all failed keeps its model.
+
+    Why weighted: drawn without replacement, a cluster that only m < K nodes
+    weigh (a group of m nodes, u near one-hot) gets its m members and K - m
+    nodes drawn at the floor sigma, whose models belong to other sources; the
+    plain mean gives each of them a share 1/K (2 of 5 with groups of 3 and
+    K = 5), so every cluster model mixes the groups. Weighted by ``u_ks n_k``
+    they count by sigma, and drawing every node (no K) makes each cluster model
+    the importance-weighted mean of all nodes, the quantity the K draws estimate.
 
     Evaluation scores each node's own persistent model on its held-out test split;
     a node that has never trained uses the cluster model it weighs most.
@@ -70,7 +89,12 @@ class FedSoft(CentresFromStart):
     persistent model once from the initial model (one local task, no proximal
     term), the server groups the nodes' updates into S groups with k-means and
     starts cluster s from the plain mean of group s's models; FedSoft proper runs
-    from round 2.
+    from round 2, with each node's group as its first importance weights (one-hot,
+    floored at sigma) until the next estimate round (round 3 with tau = 2). An
+    estimate in round 2 would score centres that are means of one local task's
+    models: with little local training they fit every sample alike, the counts
+    are ties and noise, and weighting by them would average every node into
+    every cluster alike, erasing the groups.
 
     Parameters
     ----------
@@ -80,8 +104,10 @@ class FedSoft(CentresFromStart):
         Rounds between importance-weight estimates.
     sigma : float (default: 1e-4)
         Floor of every importance weight, in [0, 1].
-    clients_per_cluster : int (default: 5)
-        K, nodes drawn per cluster each round.
+    clients_per_cluster : int | None (default: None)
+        K, nodes drawn per cluster each round; ``None``: every node with
+        importance weights, so every node trains every round
+        (``preset="paper"``: 15).
     proximal_lambda : float (default: 0.1)
         lambda, the weight of the proximal term.
     init : str (default: "local-kmeans")
@@ -99,6 +125,8 @@ class FedSoft(CentresFromStart):
     client_needs = "`clustered.regularizer(net)` in the loss (below)"
     # 2: preset="paper" draws the authors' K = 15 nodes per cluster.
     paper_revision = 2
+    # 2: every node trains every round and clusters average by importance (u_ks n_k).
+    robust_revision = 2
     defaults_checked_against = (
         "the authors' code (github.com/ycruan/FedSoft): main.py's estimation_interval = 2 "
         "(tau), solvers.py's count_smoother = 1e-4 (sigma) and reg_weight = 0.1 for MNIST "
@@ -110,12 +138,19 @@ class FedSoft(CentresFromStart):
         num_clusters_param(2),
         Param("tau", 2, "int", "FedSoft: importance estimate every tau rounds", low=1),
         Param("sigma", 1e-4, "float", "FedSoft importance floor", low=0.0, high=1.0),
-        Param("clients_per_cluster", 5, "int", "FedSoft K", low=1, paper=15,
-              why="K is a count of nodes, and a round trains up to S x K of them: 5 per "
-              "cluster trains at most half of the bundled 20 clients with S = 2, where "
-              "the authors' 15 of 20 trains nearly all",
+        Param("clients_per_cluster", None, "int",
+              "FedSoft K, nodes drawn per cluster (0: every node, every round)", low=1,
+              allow_none=True, unset=0, paper=15,
+              why="no count of nodes fits every federation: a cluster that fewer than K "
+              "nodes weigh fills its draws with other groups' nodes (K = 15 draws all 6 "
+              "nodes of two groups of 3 for both clusters), and a node drawn for no cluster "
+              "does not train its personalized model that round (K = 5 for 8 clusters of 40 "
+              "nodes left the held-out sweep's personalized accuracy far below K = 15's); "
+              "every node trains every round, as in the authors' code without selection and "
+              "with the other strategies' fraction_train = 1",
               source="the authors' code (github.com/ycruan/FedSoft, main.py: selection_size "
-              "= 15 for its 20 CIFAR-10 clients); Lai (seed 004), section 4.1, Algorithm 1 "
+              "= 15 for its 20 CIFAR-10 clients; servers.py: do_selection=False trains every "
+              "client and weighs client k by v_sk); Lai (seed 004), section 4.1, Algorithm 1 "
               "names K without a value"),
         Param("proximal_lambda", 0.1, "float", "FedSoft proximal weight", low=0.0,
               key="fedsoft-lambda"),
@@ -138,9 +173,22 @@ class FedSoft(CentresFromStart):
             "Lai (seed 004), section 4.1, Algorithm 1 steps 2-12: a fixed set of N clients "
             "estimates every tau rounds", switch=False),
         Behaviour(
+            "importance_weighted_mean",
+            "cluster s becomes the plain mean 1/K of the models of the K nodes drawn for it",
+            "cluster s becomes the mean of the models of the nodes drawn for it weighted by "
+            "u_ks n_k, the mass its selection probabilities v_sk give them",
+            "drawn without replacement, a cluster that only m < K nodes weigh fills its "
+            "other K - m draws with nodes at the floor sigma, from other sources, and the "
+            "plain mean gives each a share 1/K (2 of 5 with groups of 3 nodes and K = 5); "
+            "weighted, they count by sigma",
+            "Lai (seed 004), section 4.1, Algorithm 1 step 17: c_s = 1/K x the sum over "
+            "Sel_s; the authors' code (servers.py, _aggregate_fedsoft) weighs client k by "
+            "v_sk when it draws no clients"),
+        Behaviour(
             "mean_of_returned", "",
-            "cluster s becomes the mean of the models its drawn nodes returned (one over "
-            "their number, not 1/K); a cluster none of whose drawn nodes returned keeps its model",
+            "cluster s becomes the mean of the models its drawn nodes returned (normalized "
+            "over those, not over K); a cluster none of whose drawn nodes returned keeps "
+            "its model",
             "the paper's nodes never fail; dividing by K when some did would shrink the "
             "cluster model towards zero",
             "Lai (seed 004), section 4.1, Algorithm 1 step 17: c_s = 1/K x the sum over "
@@ -181,7 +229,7 @@ class FedSoft(CentresFromStart):
         *,
         tau: int = 2,
         sigma: float = 1e-4,
-        clients_per_cluster: int = 5,
+        clients_per_cluster: int | None = None,
         proximal_lambda: float = 0.1,
         init: str = "local-kmeans",
         **kwargs: Any,
@@ -288,8 +336,12 @@ class FedSoft(CentresFromStart):
         nodes = sorted(self.importance, key=self.node_order)
         u = np.stack([self.importance[node] for node in nodes])
         sizes = np.array([self.num_train_examples[node] for node in nodes])
-        drawn = sample_per_cluster(
-            selection_probabilities(u, sizes), self.clients_per_cluster, self.rng
+        if server_round == self.final_round:
+            self.warn_if_uninformative(server_round, u)
+        probabilities = selection_probabilities(u, sizes)
+        drawn = (
+            [np.flatnonzero(row) for row in probabilities] if self.clients_per_cluster is None
+            else sample_per_cluster(probabilities, self.clients_per_cluster, self.rng)
         )
         self.selections[server_round] = [[nodes[int(i)] for i in picks] for picks in drawn]
         models = p.unpack_clusters(arrays)
@@ -313,6 +365,23 @@ class FedSoft(CentresFromStart):
         log(INFO, "configure_train: clusters drew %s nodes; %d distinct nodes train once each",
             [len(picks) for picks in drawn], len(messages))
         return messages
+
+    def warn_if_uninformative(self, server_round: int, u: np.ndarray) -> None:
+        """Say so when the run ends with importance weights (N, S) that tell no cluster apart.
+
+        Weights all near 1/S make every cluster model the same average of the
+        nodes, so none serves a group of its own, and the run still looks healthy.
+        """
+        tie = 1.0 / self.num_clusters
+        largest = float(np.max(u)) if u.size else tie
+        if self.num_clusters > 1 and largest < tie + INFORMATIVE_MARGIN:
+            log(WARNING, "round %d: FedSoft's importance weights tell the clusters apart for "
+                "no node (largest %.2f, a tie is %.2f): every cluster model averages the "
+                "nodes alike and none serves a group of its own. Its cluster models fit no "
+                "node's training samples better than the others, too little local training "
+                "a round for their losses to tell the groups apart: give each round more "
+                "local training (local epochs or steps) or run more rounds",
+                server_round, largest, tie)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -338,7 +407,10 @@ class FedSoft(CentresFromStart):
                     server_round, s)
                 new_models.append(models[s])
                 continue
-            new_models.append(_plain_mean(members, names))
+            weights = ([float(self.importance[m.metadata.src_node_id][s]
+                              * self.num_train_examples[m.metadata.src_node_id])
+                        for m in members] if self.importance_weighted_mean else None)
+            new_models.append(_mean(members, names, weights))
         losses = train_losses(valid)
         metrics = MetricRecord(
             {
@@ -378,10 +450,23 @@ class FedSoft(CentresFromStart):
     def centres_from_groups(
         self, server_round: int, start: KMeansStart
     ) -> tuple[ArrayRecord, MetricRecord]:
-        """Cluster s <- the plain mean of group s's models (a random draw for an empty one)."""
+        """Cluster s <- the plain mean of group s's models (a random draw for an empty one).
+
+        Each node's group is its first importance weights (one-hot, floored at
+        sigma) until the next estimate round: an estimate now would score centres
+        that are means of one local task's models, which on little training fit
+        every sample alike, and its tied counts would erase the groups.
+        """
+        for msg, group in zip(start.replies, start.groups, strict=True):
+            node = msg.metadata.src_node_id
+            counts = np.zeros((1, self.num_clusters))
+            counts[0, int(group)] = 1.0
+            self.importance[node] = importance_weights(counts, self.sigma)[0]
+            self.num_train_examples[node] = num_examples(msg)
+            self._estimate_asked.add(node)
         names = list(start.model.keys())
         rng = np.random.default_rng(self.seed)
-        models = [_plain_mean(members, names) if members else random_like(start.model, rng)
+        models = [_mean(members, names) if members else random_like(start.model, rng)
                   for members in start.members()]
         metrics = MetricRecord(
             {
@@ -431,7 +516,8 @@ class FedSoft(CentresFromStart):
 
     def summary(self) -> None:
         """Log FedSoft's settings."""
-        log(INFO, "\t├──> FedSoft: S=%d | tau=%d | sigma=%g | K=%d | lambda=%g | init=%s",
-            self.num_clusters, self.tau, self.sigma, self.clients_per_cluster,
+        log(INFO, "\t├──> FedSoft: S=%d | tau=%d | sigma=%g | K=%s | lambda=%g | init=%s",
+            self.num_clusters, self.tau, self.sigma,
+            "every node" if self.clients_per_cluster is None else self.clients_per_cluster,
             self.proximal_lambda, self.init)
         super().summary()
