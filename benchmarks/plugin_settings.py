@@ -17,7 +17,7 @@ loss, as the wrapper chooses) and its accuracy on the partition's test loader,
 the ARI of the choices against the groups, their mean and minimum, the seconds
 the run took, and every distinct warning it logged. A strategy that says it
 cannot work the setting, by a warning of :data:`CANNOT_WARNINGS` (at its start, or
-when its clustering keeps one cluster) or by
+when its clustering ends with one cluster or clusters it cannot tell apart) or by
 raising (fl-clusters' code: its constructor or start refusing), records that
 reason (``cannot``), which the table shows instead of its numbers; an error
 raised elsewhere (the app, Flower, this script) stops the sweep. The file
@@ -85,10 +85,12 @@ BASE_CONFIG: dict[str, Any] = {
 # Start-up warnings by which a strategy says it cannot do what the run asks, though
 # it runs on: FLDC's that its one global model gives no group a model of its own, and
 # that groups smaller than its DBSCAN min_pts form no cluster.
-# What a strategy says when it cannot work a setting: at its start (FLDC), or when its
-# one clustering step keeps every node in one cluster (FL+HC's cut, ACFL's trials).
+# What a strategy says when it cannot work a setting: at its start (FLDC), when its one
+# clustering step keeps every node in one cluster (FL+HC's cut, ACFL's trials), or when
+# its run ends with soft weights that tell no cluster apart (FedSoft).
 CANNOT_WARNINGS = ("FLDC trains one global model", "cannot form its own DBSCAN cluster",
-                   "the updates form ONE cluster", "in ONE cluster")
+                   "the updates form ONE cluster", "in ONE cluster",
+                   "tell the clusters apart for no node")
 
 # The example task's one optimizer line, and the user's Adam in its place.
 ADAM_DIFF = """\
