@@ -33,19 +33,8 @@ from fl_clusters.sweep.twins import (
     reads_preset,
     run_identity,
 )
+from tests.test_sweep import TINY_BASE
 
-# Digits, 4 clients in 2 rotation groups, 2 short rounds: the smallest real runs
-# (tests/test_sweep.py's).
-TINY_BASE = """
-[base]
-dataset = "digits"
-num-rounds = 2
-num-clusters = 2
-ifca-init-steps = 5
-plots = false
-[federation]
-num-supernodes = 4
-"""
 PRESET_FIELDS = ("preset", "preset_changes", "preset_kept", "preset_rules")
 
 
