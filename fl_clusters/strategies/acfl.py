@@ -516,8 +516,12 @@ class ACFL(HardClusteredStrategy):
             passes += 1
             for node in short:
                 done = epochs_done(again[node]) if node in again else None
-                epochs[node] = None if not done else epochs[node] + done  # type: ignore[operator]
-                trained.update({node: again[node]} if done else {})
+                if done:
+                    epochs[node] += done  # type: ignore[operator]
+                    trained[node] = again[node]
+                else:
+                    # A failed or unreported pass: the node keeps its last model.
+                    epochs[node] = None
         if passes > 1:
             reached = [e for e in epochs.values() if e is not None]
             log(INFO if all(e >= self.trial_epochs for e in reached) else WARNING,
