@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats
 
 from fl_clusters.sweep.cells import GPUS_KEY, Cell, Sweep
-from fl_clusters.sweep.twins import Change, line_changes
+from fl_clusters.sweep.twins import Change, latest_by_key, line_changes
 
 # (field of a run's line or its summary, heading)
 METRICS = (
@@ -68,7 +68,7 @@ def spread(values: Sequence[float]) -> dict[str, float | int | None]:
 def latest_lines(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
     """Cell key -> its last recorded line, for the cells of the sweep as it is now."""
     keys = {cell.key for cell in sweep.cells}
-    return {line["key"]: line for line in runs if line["key"] in keys}
+    return {key: line for key, line in latest_by_key(runs).items() if key in keys}
 
 
 def stale_runs(
