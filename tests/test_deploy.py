@@ -152,6 +152,15 @@ class Deployment:
         assert result.returncode == 0, result.stdout + result.stderr
         return json.loads(result.stdout[result.stdout.index("{"):])["nodes"]
 
+    def failed_runs(self) -> str:
+        """The status details of this SuperLink's failed runs ("" when none failed)."""
+        result = self.flwr("ls", "fl-clusters", "--format", "json")
+        if "{" not in result.stdout:
+            return f"flwr ls gave no runs: {result.stdout[-500:]} {result.stderr[-500:]}"
+        runs = json.loads(result.stdout[result.stdout.index("{"):])["runs"]
+        return "; ".join(run["status-details"] for run in runs
+                         if run["status"] == "finished:failed")
+
     def run(self, app: Path, run_config: str, results_dir: Path) -> dict:
         """Submit ``app`` with ``flwr run``, wait for it, return its summary.json."""
         began = time.monotonic()
@@ -169,7 +178,8 @@ class Deployment:
             time.sleep(0.5)
         self.timings["run"] = time.monotonic() - began
         assert len(summaries) == 1, (
-            f"no summary.json under {results_dir}; flwr run exited {result.returncode}\n"
+            f"no summary.json under {results_dir}; flwr run exited {result.returncode}; "
+            f"failed runs: {self.failed_runs()!r}\n"
             f"{result.stdout[-4000:]}\n{result.stderr[-2000:]}\n{self.log_tails()}"
         )
         assert "results: " in result.stdout, result.stdout[-2000:]
@@ -557,27 +567,24 @@ def stream_run(deployment: Deployment, run_config: str,
 
 
 def only_summary(results_dir: Path, text: str, deployment: Deployment) -> dict:
-    """The run's one summary.json (its absence fails with the logs)."""
+    """The run's one summary.json (its absence fails with the run's status and the logs)."""
     summaries = sorted(results_dir.glob("*/summary.json"))
-    assert len(summaries) == 1, text[-4000:] + deployment.log_tails()
+    assert len(summaries) == 1, (f"failed runs: {deployment.failed_runs()!r}\n"
+                                 + text[-4000:] + deployment.log_tails())
     return json.loads(summaries[0].read_text())
 
 
-@pytest.mark.slow
-def test_a_supernode_killed_in_round_2_and_one_joining_in_round_3(
-    tmp_path: Path, deployment_factory
-) -> None:
-    """Four SuperNodes; one is killed (SIGKILL) when round 2 starts, and a fifth starts
-    when round 3 begins. The run goes on with the other three within the round
-    timeout and lists the lost node; the newcomer is trained and evaluated in round
-    4, gets a cluster by IFCA's rule (loss) and is reported as late. One deployment
-    and one run for both events: on loopback every message starts a ClientApp
-    process per node, so each run costs minutes on 2 cores."""
-    deployment: Deployment = deployment_factory(4)
-    result = deployment.start("--insecure", "--skip-check")
-    assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
+# What Flower's SuperLink writes in a run's status when it stops hearing from the
+# ServerApp process: on a loaded 2-core machine (CI's other test worker busy) a run
+# can end so, with `flwr run` exiting 0 (../shared/FLOWER_NOTES.md). Not the library's
+# behaviour under test, so the scenario gets one more try on a fresh deployment.
+FLOWER_HEARTBEAT_FAILURE = "No heartbeat received"
+
+
+def kill_one_and_add_one(deployment: Deployment, results_dir: Path) -> tuple[str, float]:
+    """Run IFCA on ``deployment``'s four nodes, SIGKILL one when round 2 starts and
+    start a fifth when round 3 starts; the streamed output and the run's seconds."""
     victim = deployment.recorded_pids()["supernode-3"]
-    results_dir = tmp_path / "results"
     # verbose: stream_run acts on Flower's "[ROUND n/" lines. The timeout is what
     # round 2 waits for the killed node; a shorter one cuts off the newcomer's first
     # replies (it installs the app and starts a ClientApp process) on a loaded machine.
@@ -593,10 +600,41 @@ def test_a_supernode_killed_in_round_2_and_one_joining_in_round_3(
                         "--skip-check", "--port", str(free_port()), "--name", "supernode-late")
         assert joined.returncode == 0, joined.stdout + joined.stderr
 
-    text, seconds = stream_run(
-        deployment, run_config, (2, lambda: os.kill(victim, 9)), (3, join)
-    )
-    summary = only_summary(results_dir, text, deployment)
+    return stream_run(deployment, run_config, (2, lambda: os.kill(victim, 9)), (3, join))
+
+
+def killed_and_joined(tmp_path: Path, deployment_factory
+                      ) -> tuple[dict, Path, Deployment, float]:
+    """:func:`kill_one_and_add_one` on a fresh 4-node deployment, once more on another
+    when Flower failed the first run for lack of ServerApp heartbeats; the summary,
+    the results folder, the deployment and the run's seconds."""
+    for attempt in (1, 2):
+        deployment: Deployment = deployment_factory(4)
+        result = deployment.start("--insecure", "--skip-check")
+        assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
+        results_dir = tmp_path / f"results-{attempt}"
+        text, seconds = kill_one_and_add_one(deployment, results_dir)
+        if attempt == 2 or list(results_dir.glob("*/summary.json")):
+            break
+        failure = deployment.failed_runs()
+        if FLOWER_HEARTBEAT_FAILURE not in failure:
+            break
+        print(f"attempt 1: Flower failed the run ({failure}); a fresh deployment tries again")
+        deployment.stop()
+    return only_summary(results_dir, text, deployment), results_dir, deployment, seconds
+
+
+@pytest.mark.slow
+def test_a_supernode_killed_in_round_2_and_one_joining_in_round_3(
+    tmp_path: Path, deployment_factory
+) -> None:
+    """Four SuperNodes; one is killed (SIGKILL) when round 2 starts, and a fifth starts
+    when round 3 begins. The run goes on with the other three within the round
+    timeout and lists the lost node; the newcomer is trained and evaluated in round
+    4, gets a cluster by IFCA's rule (loss) and is reported as late. One deployment
+    and one run for both events: on loopback every message starts a ClientApp
+    process per node, so each run costs minutes on 2 cores."""
+    summary, results_dir, deployment, seconds = killed_and_joined(tmp_path, deployment_factory)
     assert summary["num_rounds"] == 4
     # The three that stayed and the newcomer report; the killed node does not.
     assert summary["num_clients"] == 4, summary
