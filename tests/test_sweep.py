@@ -25,9 +25,12 @@ from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, ru
 from fl_clusters.sweep.cells import (
     PAPER_REVISION,
     ROBUST_REVISION,
+    Cell,
     SettingChange,
     cell_key,
+    keys_the_paper_sets,
     resolve_federation,
+    revision_settings,
 )
 from fl_clusters.sweep.cli import main, sweep_main
 from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
@@ -225,6 +228,32 @@ def test_the_table_pairs_each_seed_with_the_baseline_of_the_same_seed(tmp_path: 
     table = (tmp_path / "table.md").read_text()
     assert "| fedavg | 0,1 (1 failed, 0 not run) (1 on GPU) |" in table
     assert "+0.2500 ± 0.2121 (2)" in (tmp_path / "table.md").read_text()
+
+
+def test_a_default_the_paper_preset_replaces_stales_no_paper_run() -> None:
+    """FedSoft's K default went from 5 to 0 (every node); preset='paper' runs K = 15
+    either way unless the cell names K, so only the robust run and a cell that names
+    K are stale."""
+    sweep = parse('[grid]\nstrategy = ["fedsoft"]\npreset = ["paper", "robust"]\n'
+                  'fedsoft-clients-per-cluster = [0, 4]\nseed = [0]')
+    by_name = {(cell.settings["preset"], cell.settings["fedsoft-clients-per-cluster"]): cell
+               for cell in sweep.cells}
+    assert "fedsoft-clients-per-cluster" in keys_the_paper_sets(by_name["paper", 0].settings)
+    assert keys_the_paper_sets(by_name["robust", 0].settings) == set()
+
+    def ran_with_k_5(cell: Cell) -> dict:
+        return {**cell.settings, "fedsoft-clients-per-cluster": 5,
+                **revision_settings(cell.settings)}
+
+    # The grid names K, so every cell's run config sets it: a named key counts.
+    assert [str(c) for c in by_name["paper", 4].changed_settings(ran_with_k_5(
+        by_name["paper", 4]))] == ["fedsoft-clients-per-cluster=5, now 4"]
+    unnamed = parse('[grid]\nstrategy = ["fedsoft"]\npreset = ["paper", "robust"]\n'
+                    'seed = [0]')
+    paper, robust = sorted(unnamed.cells, key=lambda cell: cell.settings["preset"])
+    assert paper.changed_settings(ran_with_k_5(paper)) == []
+    assert [str(c) for c in robust.changed_settings(ran_with_k_5(robust))] == [
+        "fedsoft-clients-per-cluster=5, now 0"]
 
 
 def test_a_run_is_stale_only_when_a_setting_it_used_has_another_value_now(

@@ -17,6 +17,7 @@ from typing import Any
 
 from fl_clusters.config import PAPER_RECIPE, strategy_keys
 from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.presets import departs
 
 # Run-config keys the sweep sets for every run, and why a file may not: where each
 # run writes (a file that set it would scatter runs), and the paper preset's training
@@ -50,6 +51,16 @@ def revision_settings(settings: Mapping[str, Any]) -> dict[str, int]:
     revision = int(cls.robust_revision_for())
     return {ROBUST_REVISION: revision} if revision > 1 else {}
 
+
+
+def keys_the_paper_sets(settings: Mapping[str, Any]) -> set[str]:
+    """The run-config keys whose default ``preset="paper"`` replaces with the paper's
+    value in a run with run config ``settings`` (none under another preset)."""
+    cls = ClusteredStrategy.registry.get(settings["strategy"])
+    if cls is None or settings.get("preset") != "paper":
+        return set()
+    return {str(param.key) for param in cls.declared_params()
+            if param.run_config and param.key and departs(param)}
 
 @dataclass(frozen=True)
 class Axis:
@@ -148,7 +159,9 @@ class Cell:
         default reproduces what the run did (the golden summaries check that), so it
         changes nothing either. The strategy's revision of the run's preset counts as
         a setting (:func:`revision_settings`, 1 where the line has none): a change to
-        what the preset computes stales the runs made before it.
+        what the preset computes stales the runs made before it. Under
+        ``preset="paper"`` a key the cell does not name and the preset sets
+        (:func:`keys_the_paper_sets`) reached neither run: its default can change.
 
         Parameters
         ----------
@@ -160,7 +173,8 @@ class Cell:
         list[SettingChange]
             One per changed key, in key order; empty when the run is the cell's.
         """
-        read = strategy_keys(self.settings["strategy"]) - set(RESERVED_RUN_CONFIG_KEYS)
+        read = (strategy_keys(self.settings["strategy"]) - set(RESERVED_RUN_CONFIG_KEYS)
+                - (keys_the_paper_sets(self.settings) - set(self.run_config)))
         changes = [
             SettingChange(key, recorded[key], self.settings[key])
             for key in sorted(read & set(recorded) & set(self.settings))
