@@ -616,8 +616,7 @@ class ACFL(HardClusteredStrategy):
                  else f"incentive >= -{self.noise_z:.3g} standard errors")
         log(INFO, "\t├──> ACFL: %s | m=%d | phase 1: %s gate (window %d, tolerance "
             "%.3g | mean norm < %.4g, max norm > %.4g), at most %d rounds | local-only models: "
-            "message config local-epochs=%d (an app's own train handler may train its "
-            "run config's local-epochs instead)",
+            "%d epochs (a node whose handler trains fewer a message is asked again)",
             joins, self.max_rejections, self.gate, self.converge_window,
             self.converge_tolerance, self.mean_norm_max, self.max_norm_min, self.phase1_rounds,
             self.trial_epochs)
