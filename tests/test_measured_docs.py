@@ -104,6 +104,7 @@ def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
 ) -> None:
     from dataclasses import replace
 
+    from fl_clusters.sweep.cells import keys_the_paper_sets
     from fl_clusters.sweep.report import latest_lines
 
     stale_before = {page: {(s.line, s.number, s.run)
@@ -112,14 +113,16 @@ def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
     _patch_key_groups(monkeypatch, lambda groups: tuple(
         (owner, tuple(replace(key, default=0.5) if key.key == "cfl-eps2" else key
                       for key in keys)) for owner, keys in groups))
-    # The runs that used the old default: CFL's, where the sweep left cfl-eps2 unset.
+    # The runs that used the old default: CFL's, where the sweep left cfl-eps2 unset
+    # and no paper preset replaced it with the paper's value.
     used_it: dict[str, set[str]] = {}
     for folder in _sweep_folders():
         sweep, runs = RENDERER._sweep(folder)
         used_it[folder] = {cell.name for cell in sweep.cells
                            if cell.key in latest_lines(sweep, runs)
                            and cell.settings["strategy"] == "cfl"
-                           and "cfl-eps2" not in cell.run_config}
+                           and "cfl-eps2" not in cell.run_config
+                           and "cfl-eps2" not in keys_the_paper_sets(cell.settings)}
     assert sum(map(len, used_it.values())) >= 30
     reported_somewhere = False
     changed = "cfl-eps2=0.45, now 0.5"
@@ -143,7 +146,13 @@ def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
             number = f"{match['text']!r} ({source}: {expr})"
             runs = {s.run for s in stale if (s.line, s.number) == (line, number)}
             reads_cfl = '"cfl"' in expr or "strategy=" not in expr
-            expected = bool(reads_cfl and used_it[source.rpartition("/")[0]])
+            used = used_it[source.rpartition("/")[0]]
+            # A number of one preset's runs rests only on that preset's cells.
+            if 'preset="paper"' in expr:
+                used = {run for run in used if "preset=paper" in run}
+            if 'preset="robust"' in expr:
+                used = {run for run in used if "preset=paper" not in run}
+            expected = bool(reads_cfl and used)
             assert bool(runs) == expected, (page.name, line, expr)
             assert all("strategy=cfl" in run for run in runs)
             reported_somewhere |= bool(runs)
