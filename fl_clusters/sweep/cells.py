@@ -52,7 +52,6 @@ def revision_settings(settings: Mapping[str, Any]) -> dict[str, int]:
     return {ROBUST_REVISION: revision} if revision > 1 else {}
 
 
-
 def keys_the_paper_sets(settings: Mapping[str, Any]) -> set[str]:
     """The run-config keys whose default ``preset="paper"`` replaces with the paper's
     value in a run with run config ``settings`` (none under another preset)."""
@@ -61,6 +60,7 @@ def keys_the_paper_sets(settings: Mapping[str, Any]) -> set[str]:
         return set()
     return {str(param.key) for param in cls.declared_params()
             if param.run_config and param.key and departs(param)}
+
 
 @dataclass(frozen=True)
 class Axis:
