@@ -236,6 +236,7 @@ PRESET_READERS = {
     ("fl_clusters/strategies/base.py", "preset_fields"): "records it in the summary",
     ("fl_clusters/strategies/base.py", "summary"): "logs it",
     ("fl_clusters/sweep/cells.py", "revision_settings"): "keys a run's revision",
+    ("fl_clusters/sweep/cells.py", "keys_the_paper_sets"): "which defaults a paper run ignored",
     ("fl_clusters/sweep/twins.py", "<module>"): "names the key a twin cell differs in",
 }
 PACKAGE = Path(__file__).resolve().parent.parent / "fl_clusters"
