@@ -99,6 +99,15 @@ def test_a_new_run_config_key_orphans_no_run_and_changes_no_page(
         assert RENDERER.stale_numbers(text) == numbers_before[page], page.name
 
 
+def of_its_preset(expr: str, cells: set[str]) -> set[str]:
+    """The ``cells`` a number reads: one preset's runs only when ``expr`` picks a preset."""
+    if 'preset="paper"' in expr:
+        return {cell for cell in cells if "preset=paper" in cell}
+    if 'preset="robust"' in expr:
+        return {cell for cell in cells if "preset=paper" not in cell}
+    return cells
+
+
 def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -146,13 +155,7 @@ def test_a_changed_default_names_exactly_the_numbers_that_rest_on_it(
             number = f"{match['text']!r} ({source}: {expr})"
             runs = {s.run for s in stale if (s.line, s.number) == (line, number)}
             reads_cfl = '"cfl"' in expr or "strategy=" not in expr
-            used = used_it[source.rpartition("/")[0]]
-            # A number of one preset's runs rests only on that preset's cells.
-            if 'preset="paper"' in expr:
-                used = {run for run in used if "preset=paper" in run}
-            if 'preset="robust"' in expr:
-                used = {run for run in used if "preset=paper" not in run}
-            expected = bool(reads_cfl and used)
+            expected = bool(reads_cfl and of_its_preset(expr, used_it[source.rpartition("/")[0]]))
             assert bool(runs) == expected, (page.name, line, expr)
             assert all("strategy=cfl" in run for run in runs)
             reported_somewhere |= bool(runs)
