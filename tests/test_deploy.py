@@ -107,6 +107,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def json_in(stdout: str) -> dict | None:
+    """The JSON a ``flwr ... --format json`` printed after whatever Flower printed first
+    (a config migration notice); None when it printed none."""
+    return json.loads(stdout[stdout.index("{"):]) if "{" in stdout else None
+
+
 class Deployment:
     """One loopback deployment driven through the deploy/ scripts.
 
@@ -150,15 +156,14 @@ class Deployment:
         """``flwr supernode ls`` as JSON: the nodes the SuperLink knows."""
         result = self.flwr("supernode", "ls", "fl-clusters", "--format", "json")
         assert result.returncode == 0, result.stdout + result.stderr
-        return json.loads(result.stdout[result.stdout.index("{"):])["nodes"]
+        return json_in(result.stdout)["nodes"]  # type: ignore[index]
 
     def failed_runs(self) -> str:
         """The status details of this SuperLink's failed runs ("" when none failed)."""
-        result = self.flwr("ls", "fl-clusters", "--format", "json")
-        if "{" not in result.stdout:
-            return f"flwr ls gave no runs: {result.stdout[-500:]} {result.stderr[-500:]}"
-        runs = json.loads(result.stdout[result.stdout.index("{"):])["runs"]
-        return "; ".join(run["status-details"] for run in runs
+        listed = json_in(self.flwr("ls", "fl-clusters", "--format", "json").stdout)
+        if listed is None:
+            return "flwr ls printed no JSON"
+        return "; ".join(run["status-details"] for run in listed["runs"]
                          if run["status"] == "finished:failed")
 
     def run(self, app: Path, run_config: str, results_dir: Path) -> dict:
