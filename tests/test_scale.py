@@ -223,3 +223,19 @@ def test_start_up_logs_its_phases_and_the_scale_benchmark_reads_them(
     assert set(marks.startup_phases) == {"nodes_connected_s", "handshake_s"}
     assert all(seconds >= 0.0 for seconds in marks.startup_phases.values())
     assert f"start-up: handshake with {NUM_NODES} nodes took" in caplog.text
+
+
+def test_flowers_dispatcher_keeps_a_delivered_instruction_and_checks_it_every_tick() -> None:
+    """What docs/performance.md's account of start-up rests on, in Flower 1.41's own
+    state: a tick delivers each stored instruction once, the instruction stays stored
+    after it (until its reply is pulled), and later ticks deliver nothing from it."""
+    from benchmarks.flower_dispatcher import dispatcher_state, dispatcher_tick, measure
+
+    state, nodes = dispatcher_state(num_nodes=40, stored=6)
+    assert dispatcher_tick(state, nodes)[1] == 6
+    assert dispatcher_tick(state, nodes)[1] == 0
+    assert len(state.message_ins_store) == 6  # type: ignore[attr-defined]
+    row = measure(num_nodes=40, stored=6, ticks=2)
+    assert (row["delivered_first_tick"], row["delivered_later_ticks"], row["still_stored"]) \
+        == (6, 0, 6)
+    assert row["check_us"] > 0
