@@ -39,6 +39,9 @@ PRESET_AXIS = "preset"
 # Verdicts, from the paired differences' 95 % interval.
 REPRODUCED, NOT_SIGNIFICANT, CONTRADICTED = "reproduced", "not significant", "contradicted"
 NOT_RUN = "not run yet"
+# Strategies that do not cluster (one model, or one model a client): no row in a
+# section's table of what the clustering did.
+NOT_CLUSTERING = ("fedavg", "fedprox", "local")
 
 
 @dataclass(frozen=True)
@@ -280,9 +283,10 @@ def cell_text(claim: Claim, comparison: Comparison, seeds: int) -> tuple[str, st
                f"{_interval(list(comparison.other.values()))}; Δ "
                f"{_interval(list(comparison.differences.values()), signed=True)}")
     outcome = verdict(list(comparison.differences.values()), claim.relation, claim.margin)
-    if outcome != REPRODUCED and claim.caveat:
-        outcome += f" ({claim.caveat})"
-    return figures, outcome
+    notes = [] if outcome == REPRODUCED or not claim.caveat else [claim.caveat]
+    if not any(comparison.differences.values()):
+        notes.append("the two sides scored the same in every seed")
+    return figures, outcome + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _runs(name: str) -> list[dict[str, Any]]:
@@ -296,6 +300,39 @@ def _hours(runs: Sequence[Mapping[str, Any]]) -> float:
     """The hours the runs took; a line that repeats another cell's run took none."""
     return sum(float(run.get("seconds", 0.0)) for run in runs
                if SAME_RUN_AS not in run) / 3600
+
+
+def clustering_table(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What each clustered cell's runs found, per preset: in how many seeds it ended with
+    more than one cluster, the clusters found and the ARI (means over its seeds)."""
+    latest = latest_lines(sweep, runs)
+    found: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
+    for cell in sweep.cells:
+        line = latest.get(cell.key)
+        if line is None or line.get("status") != "ok" \
+                or line.get("run_config", {}).get("strategy") in NOT_CLUSTERING:
+            continue
+        row = ", ".join(label for axis, label in cell.labels.items()
+                        if axis not in (SEED_AXIS, PRESET_AXIS))
+        found.setdefault(row, {}).setdefault(cell.labels[PRESET_AXIS], []).append(
+            line["summary"])
+    if not found:
+        return []
+    lines = ["What the clustering did (seeds that ended with more than one cluster; the "
+             "clusters found and the ARI, means over those seeds):", "",
+             "| cell | `paper` | `robust` |", "|---|---|---|"]
+    for row, by_preset in found.items():
+        texts = []
+        for preset in PRESETS:
+            summaries = by_preset.get(preset, [])
+            clusters = [int(s["num_clusters_found"]) for s in summaries]
+            texts.append(
+                f"more than one cluster in {sum(k > 1 for k in clusters)} of "
+                f"{len(clusters)} seeds; {sum(clusters) / len(clusters):.1f} clusters; ARI "
+                f"{sum(float(s['ari']) for s in summaries) / len(summaries):.2f}"
+                if summaries else NOT_RUN)
+        lines.append(f"| {row} | " + " | ".join(texts) + " |")
+    return [*lines, ""]
 
 
 HEAD = """# Reproductions: each paper's headline claims, measured
@@ -319,7 +356,10 @@ values of a seed are averaged first). The verdict reads Δ's 95 % interval: for
 reproduced when it lies inside [-m, m], contradicted when wholly outside. Where a
 claim does not reproduce, the verdict names what differs from the paper's setting;
 a contradicted claim is a result, not a failure. A sweep that has not run for
-every seed says "not run yet": no figure is written that no run measured.
+every seed says "not run yet": no figure is written that no run measured. Below
+each section's claims, a table says what each clustered cell's runs found (in how
+many seeds more than one cluster, the clusters and the ARI): two sides that never
+split give the same model, which a verdict row alone would not show.
 """
 
 
@@ -355,7 +395,7 @@ def render() -> str:
                 commit_text += " (" + "; ".join(notes) + ")"
             out.append(f"| {claim.text} | {claim.paper} | {claim.source} | "
                        + " | ".join(cells) + f" | {commit_text} |")
-        out.append("")
+        out += ["", *clustering_table(sweep, runs)]
     return "\n".join(out)
 
 

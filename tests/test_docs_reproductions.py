@@ -97,6 +97,36 @@ def test_differences_that_straddle_zero_are_not_significant(
         "not significant")
 
 
+def test_two_sides_that_score_the_same_in_every_seed_say_so(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    accuracy = {(s, p): FEDAVG for s in ("ifca", "fedavg") for p in ("paper", "robust")}
+    comparison = generator.compare(sweep, lines(sweep, accuracy), claim(generator), "paper")
+    assert generator.cell_text(claim(generator), comparison, 5)[1] == (
+        "not significant (another data set; the two sides scored the same in every seed)")
+    close = generator.cell_text(claim(generator, "~", 0.02), comparison, 5)[1]
+    assert close == "reproduced (the two sides scored the same in every seed)"
+
+
+def test_a_sections_clustering_table_counts_the_seeds_that_ended_with_several_clusters(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    accuracy = {(s, p): FEDAVG for s in ("ifca", "fedavg") for p in ("paper", "robust")}
+    runs = lines(sweep, accuracy)
+    for line in runs:
+        split = line["cell"]["preset"] == "robust" or line["cell"]["seed"] == "0"
+        line["run_config"] = {"strategy": line["cell"]["strategy"]}
+        line["summary"].update(num_clusters_found=4 if split else 1, ari=1.0 if split else 0.0)
+    table = generator.clustering_table(sweep, runs)
+    # One row per clustered cell (FedAvg has none), over its 5 seeds.
+    assert [row for row in table if row.startswith("| ifca")] == [
+        "| ifca, 1.0 | more than one cluster in 1 of 5 seeds; 1.6 clusters; ARI 0.20 "
+        "| more than one cluster in 5 of 5 seeds; 4.0 clusters; ARI 1.00 |",
+        "| ifca, 0.4 | more than one cluster in 1 of 5 seeds; 1.6 clusters; ARI 0.20 "
+        "| more than one cluster in 5 of 5 seeds; 4.0 clusters; ARI 1.00 |"]
+    assert not any(row.startswith("| fedavg") for row in table)
+
+
 def test_an_equivalence_claim_needs_its_interval_inside_the_margin(
     generator: ModuleType,
 ) -> None:
