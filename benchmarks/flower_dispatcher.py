@@ -30,7 +30,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+from flwr.proto.task_pb2 import Task
 from flwr.server.superlink.fleet.vce.vce_api import _register_nodes
 from flwr.server.superlink.linkstate import LinkState, LinkStateFactory
 from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
