@@ -337,17 +337,18 @@ def clustering_table(sweep: Sweep, runs: Sequence[Mapping[str, Any]]) -> list[st
              "clusters found and the ARI, means over those seeds):", "",
              "| cell | `paper` | `robust` |", "|---|---|---|"]
     for row, by_preset in found.items():
-        texts = []
-        for preset in PRESETS:
-            summaries = by_preset.get(preset, [])
-            clusters = [int(s["num_clusters_found"]) for s in summaries]
-            texts.append(
-                f"more than one cluster in {sum(k > 1 for k in clusters)} of "
-                f"{len(clusters)} seeds; {sum(clusters) / len(clusters):.1f} clusters; ARI "
-                f"{sum(float(s['ari']) for s in summaries) / len(summaries):.2f}"
-                if summaries else NOT_RUN)
+        texts = [_clustering_text(by_preset.get(preset, [])) for preset in PRESETS]
         lines.append(f"| {row} | " + " | ".join(texts) + " |")
     return [*lines, ""]
+
+
+def _clustering_text(summaries: Sequence[Mapping[str, Any]]) -> str:
+    if not summaries:
+        return NOT_RUN
+    clusters = [int(summary["num_clusters_found"]) for summary in summaries]
+    return (f"more than one cluster in {sum(k > 1 for k in clusters)} of {len(clusters)} "
+            f"seeds; {spread(clusters)['mean']:.1f} clusters; ARI "
+            f"{spread([float(summary['ari']) for summary in summaries])['mean']:.2f}")
 
 
 HEAD = """# Reproductions: each paper's headline claims, measured
