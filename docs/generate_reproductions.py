@@ -397,8 +397,12 @@ split give the same model, which a verdict row alone would not show.
 
 def render() -> str:
     """The page, from :data:`CLAIMS` and the measured sweeps."""
-    out = [HEAD]
-    for name in dict.fromkeys(claim.sweep for claim in CLAIMS):
+    names = list(dict.fromkeys(claim.sweep for claim in CLAIMS))
+    total = sum(_hours(_runs(name)) for name in names)
+    out = [HEAD, f"`make reproduce-papers` runs all {len(names)} sweeps: their recorded runs "
+           f"took {total:.1f} h in all (the sum of their wall times on 2 CPU cores, often "
+           "beside another sweep).", ""]
+    for name in names:
         sweep = load_sweep(SWEEPS / f"{name}.toml")
         runs = _runs(name)
         seeds = len({cell.labels[SEED_AXIS] for cell in sweep.cells})
