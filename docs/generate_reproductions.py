@@ -397,14 +397,13 @@ split give the same model, which a verdict row alone would not show.
 
 def render() -> str:
     """The page, from :data:`CLAIMS` and the measured sweeps."""
-    names = list(dict.fromkeys(claim.sweep for claim in CLAIMS))
-    total = sum(_hours(_runs(name)) for name in names)
-    out = [HEAD, f"`make reproduce-papers` runs all {len(names)} sweeps: their recorded runs "
-           f"took {total:.1f} h in all (the sum of their wall times on 2 CPU cores, often "
-           "beside another sweep).", ""]
-    for name in names:
+    recorded_runs = {name: _runs(name) for name in dict.fromkeys(c.sweep for c in CLAIMS)}
+    total = sum(_hours(runs) for runs in recorded_runs.values())
+    out = [HEAD, f"`make reproduce-papers` runs all {len(recorded_runs)} sweeps: their "
+           f"recorded runs took {total:.1f} h in all (the sum of their wall times on 2 CPU "
+           "cores, often beside another sweep).", ""]
+    for name, runs in recorded_runs.items():
         sweep = load_sweep(SWEEPS / f"{name}.toml")
-        runs = _runs(name)
         seeds = len({cell.labels[SEED_AXIS] for cell in sweep.cells})
         repeats = sum(SAME_RUN_AS in run for run in runs)
         recorded = (f"runs `benchmarks/measured/sweeps/{name}/runs.jsonl` ({len(runs)} "
