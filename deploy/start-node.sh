@@ -6,7 +6,7 @@
 # Options:
 #   --state-dir DIR           PIDs and logs (default: deploy/.state)
 #   --superlink HOST:PORT     SuperLink Fleet API (default: from STATE/superlink.env,
-#                             else 127.0.0.1:9093)
+#                             else 127.0.0.1:9092: the Fleet gateway)
 #   --root-certificates FILE  CA certificate of the SuperLink (default: STATE/certs/ca.crt)
 #   --key FILE                authentication private key (default: STATE/keys/node-I)
 #   --insecure                plain HTTP, no authentication (SuperLink started --insecure)
@@ -81,7 +81,7 @@ if [[ -f "$state_dir/superlink.env" ]]; then
     # shellcheck disable=SC1091
     source "$state_dir/superlink.env"
 fi
-superlink="${superlink:-${SUPERLINK_ADDRESS:-127.0.0.1:9093}}"
+superlink="${superlink:-${SUPERLINK_ADDRESS:-127.0.0.1:9092}}"
 insecure="${insecure:-${SUPERLINK_INSECURE:-0}}"
 name="${name:-supernode-$partition_id}"
 if [[ -z "$port" ]]; then
@@ -131,12 +131,18 @@ fi
 # started from this state directory.
 refusal_reason() {
     local superlink_log="$state_dir/logs/superlink.log"
+    local said=""
+    if [[ "$superlink" == "${SUPERLINK_ADDRESS:-}" && -f "$superlink_log" ]]; then
+        said="$(tail -c "+$((superlink_log_size + 1))" "$superlink_log")"
+    fi
     if grep -q "Failed to activate SuperNode" "$log"; then
-        if [[ "$superlink" == "${SUPERLINK_ADDRESS:-}" && -f "$superlink_log" ]] &&
-            tail -c "+$((superlink_log_size + 1))" "$superlink_log" |
-            grep -q "No SuperNode found with the given public key"; then
+        if grep -q "No SuperNode found with the given public key" <<<"$said"; then
             echo "the SuperLink refused its key (its log: \"No SuperNode found with the given" \
                 "public key\"); register $key.pub with deploy/register-nodes.sh"
+        elif grep -qE "SuperNode with node ID [0-9]+ could not be activated" <<<"$said"; then
+            echo "its key is registered but already in use by a connected SuperNode" \
+                "($(grep -oE 'node ID [0-9]+' <<<"$said" | tail -n 1)): every SuperNode needs a" \
+                "key pair of its own (deploy/make-node-keys.sh, then deploy/register-nodes.sh)"
         else
             echo "the SuperLink refused to activate it (Flower exit code 305), which it does" \
                 "for a public key it does not know: have $key.pub registered" \

@@ -7,7 +7,9 @@
 #   -n, --nodes N          SuperNodes to start; node i serves partition i of N (default 4,
 #                          the app's default num-clusters: one node per group at least)
 #   --insecure             no TLS, no SuperNode authentication (tests only; warns)
-#   --port PORT            SuperLink port (Fleet, Control and Runtime API; default 9093)
+#   --port PORT            the Fleet gateway's port, which SuperNodes connect to (default 9092)
+#   --control-port PORT    the SuperLink's own port, loopback only: Control API (flwr CLI)
+#                          and Runtime API (default 9093)
 #   --node-port-base PORT  SuperNode i's Runtime API listens on PORT+i (default 9200)
 #   --state-dir DIR        certificates, keys, PIDs, logs, Flower config (default deploy/.state)
 #   --connection NAME      flwr connection name (default fl-clusters)
@@ -19,20 +21,23 @@
 #
 # Secure by default: certificates in STATE/certs and one key pair per node in
 # STATE/keys are created when missing, every node's public key is registered
-# with the SuperLink, and the SuperLink admits no other node. Then:
+# with the SuperLink, and the SuperLink admits no other node. SuperNodes reach only
+# the Fleet gateway (--port); registering keys and submitting runs go to the
+# SuperLink's loopback port (--control-port), from this machine. Then:
 #   deploy/flwr.sh run . fl-clusters --stream --run-config "min-nodes=N ..."
 #   deploy/stop.sh
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
 nodes=4
 insecure=0
-port=9093
+port=9092
+control_port=9093
 node_port_base=9200
 state_dir="$DEFAULT_STATE_DIR"
 connection="$DEFAULT_CONNECTION"
@@ -46,6 +51,7 @@ while (($#)); do
         -n | --nodes) nodes="$2"; shift ;;
         --insecure) insecure=1 ;;
         --port) port="$2"; shift ;;
+        --control-port) control_port="$2"; shift ;;
         --node-port-base) node_port_base="$2"; shift ;;
         --state-dir) state_dir="$2"; shift ;;
         --connection) connection="$2"; shift ;;
@@ -89,7 +95,8 @@ cleanup_on_error() {
 }
 trap cleanup_on_error ERR
 
-superlink_args=(--state-dir "$state_dir" --port "$port" --connection "$connection")
+superlink_args=(--state-dir "$state_dir" --port "$port" --control-port "$control_port"
+    --connection "$connection")
 if ((insecure)); then
     superlink_args+=(--insecure)
 else

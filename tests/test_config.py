@@ -28,7 +28,12 @@ def test_pyproject_lists_every_key_with_its_default() -> None:
         ("strategy", "kmeans", "must be one of 'acfl', 'cfl', 'fedavg', 'fedem', 'fedprox'"),
         ("dataset", "imagenet", "must be one of 'digits', 'fashion-mnist'"),
         ("num-clusters", 0, "must be an int >= 1; got 0 (int)"),
-        ("fraction-train", 1.5, "must be a number in [0, 1]; got 1.5 (float)"),
+        ("fraction-train", 1.5, "must be a number in (0, 1]; got 1.5 (float)"),
+        # 0 samples no client: CFL (and every strategy) would train no one, unnamed.
+        ("fraction-train", 0.0, "must be a number in (0, 1]; got 0.0 (float)"),
+        # k-means (IFCA's and WeCFL's warm start) takes seeds below 2**32 only.
+        ("seed", 2**32, "must be an int in [0, 4294967295]; got 4294967296 (int)"),
+        ("seed", -1, "must be an int in [0, 4294967295]; got -1 (int)"),
         ("num-rounds", 2.5, "must be an int >= 1; got 2.5 (float)"),
         ("num-rounds", True, "must be an int >= 1; got True (bool)"),
         ("num-rounds", float("inf"), "must be an int >= 1; got inf (float)"),
@@ -80,3 +85,15 @@ def test_keys_are_grouped_common_first_then_by_declaring_class() -> None:
         "fedsoft-tau", "fedsoft-sigma", "fedsoft-clients-per-cluster", "fedsoft-lambda",
         "fedsoft-init"]
     assert "num-clusters" not in {key.key for key in groups["ifca"]}  # a common key
+
+
+def test_the_largest_seed_accepted_runs_the_k_means_warm_start() -> None:
+    import numpy as np
+
+    from fl_clusters.clustering.assignment import group_by_kmeans
+
+    settings = parse_run_config({"seed": 2**32 - 1})
+    points = np.vstack([np.zeros((3, 2)), np.ones((3, 2))])
+    groups = group_by_kmeans(points, 2, settings["seed"])
+    assert len(set(groups[:3])) == 1 and len(set(groups[3:])) == 1
+    assert groups[0] != groups[3]

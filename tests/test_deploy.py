@@ -127,7 +127,8 @@ class Deployment:
     def __init__(self, state_dir: Path, nodes: int) -> None:
         self.state_dir = state_dir
         self.nodes = nodes
-        self.port = free_port()
+        self.port = free_port()  # the Fleet gateway's: what SuperNodes connect to
+        self.control_port = free_port()  # the SuperLink's own, on loopback
         self.node_port_base = free_port_block(nodes + 1)
         self.timings: dict[str, float] = {}
 
@@ -136,7 +137,8 @@ class Deployment:
         began = time.monotonic()
         result = script(
             "start.sh", "--nodes", str(self.nodes), "--state-dir", str(self.state_dir),
-            "--port", str(self.port), "--node-port-base", str(self.node_port_base), *extra,
+            "--port", str(self.port), "--control-port", str(self.control_port),
+            "--node-port-base", str(self.node_port_base), *extra,
         )
         self.timings["start"] = time.monotonic() - began
         return result
@@ -453,7 +455,8 @@ def test_secure_loopback_deployment_runs_ifca(tmp_path: Path, deployment_factory
     result = deployment.start("--run-config", "num-clusters=2")
     assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
     recorded = deployment.recorded_pids()
-    assert set(recorded) == {"superlink", "supernode-0", "supernode-1", "supernode-2"}
+    assert set(recorded) == {"superlink", "gateway", "supernode-0", "supernode-1",
+                             "supernode-2"}
     assert all(pid_alive(pid) for pid in recorded.values())
     assert "WARNING" not in result.stderr, "secure start must not warn about --insecure"
     superlink_args = Path(f"/proc/{recorded['superlink']}/cmdline").read_text().split("\0")
@@ -537,6 +540,101 @@ def test_insecure_deployment_warns_and_refuses_a_second_start(
     assert not [pid for pid in gone if pid_alive(pid)]
     report_timings("insecure loopback start/stop (2 nodes)", deployment.timings)
 
+
+def listening_addresses(pid: int) -> list[str]:
+    """The local addresses the process ``pid`` listens on (TCP), from ``ss``."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def outsider(tmp_path: Path, deployment: Deployment) -> dict[str, str]:
+    """The environment of a host that has ``ca.crt`` and reaches the SuperNodes' port."""
+    home = tmp_path / "outsider-home"
+    home.mkdir()
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes((deployment.state_dir / "certs/ca.crt").read_bytes())
+    (home / "config.toml").write_text(
+        '[superlink]\ndefault = "target"\n\n[superlink.target]\n'
+        f'address = "127.0.0.1:{deployment.port}"\nroot-certificates = "{ca}"\n'
+    )
+    return {**os.environ, "FLWR_HOME": str(home),
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+def flwr_as(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(VENV_BIN / "flwr"), *args], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=env["FLWR_HOME"])
+
+
+@pytest.mark.slow
+def test_a_host_holding_only_ca_crt_can_neither_register_join_list_nor_submit(
+    tmp_path: Path
+) -> None:
+    """docs/deploy.md's secured deployment, from a host with ``ca.crt`` and a key of its own.
+
+    Its state folder has a space in its name (superlink.env is sourced by the node
+    scripts), and a second SuperNode given an admitted node's key is told so.
+    """
+    with deployments(tmp_path / "state folder") as make:
+        outsider_tries(tmp_path, make(2))
+
+
+def outsider_tries(tmp_path: Path, deployment: Deployment) -> None:
+    """Everything :func:`test_a_host_holding_only_ca_crt_...` tries on ``deployment``."""
+    result = deployment.start("--run-config", "num-clusters=2")
+    assert result.returncode == 0, result.stdout + result.stderr + deployment.log_tails()
+    pids = deployment.recorded_pids()
+    # The SuperLink (Control, Runtime and Fleet API) is on loopback only; the one
+    # port another host can reach is the gateway's.
+    assert listening_addresses(pids["superlink"]) == [f"127.0.0.1:{deployment.control_port}"]
+    assert listening_addresses(pids["gateway"]) == [f"127.0.0.1:{deployment.port}"]
+
+    env = outsider(tmp_path, deployment)
+    keys = tmp_path / "outsider-keys"
+    assert script("make-node-keys.sh", str(keys), "1").returncode == 0
+    app = tmp_path / "outsider-app"
+    app.mkdir()
+    attempts = {
+        "register a key": ("supernode", "register", str(keys / "node-0.pub"), "target"),
+        "list nodes": ("supernode", "ls", "target"),
+        "list runs": ("ls", "target"),
+        "submit a run": ("run", str(REPO), "target"),
+    }
+    for what, args in attempts.items():
+        tried = flwr_as(env, *args)
+        said = tried.stdout + tried.stderr
+        assert tried.returncode != 0, f"{what}: {said}"
+        assert "403 Forbidden" in said, f"{what}: {said}"
+
+    # Joining with its own (unregistered) key through the gateway is refused too.
+    joined = script(
+        "start-node.sh", "--state-dir", str(deployment.state_dir), "--name", "outsider",
+        "--partition-id", "0", "--num-partitions", "2", "--key", str(keys / "node-0"),
+        "--root-certificates", str(tmp_path / "ca.crt"),
+        "--port", str(deployment.node_port_base + 2), "--skip-check",
+        "--connect-timeout", "30",
+    )
+    assert joined.returncode != 0
+    assert "the SuperLink refused its key" in joined.stderr, joined.stderr
+    # An admitted key on a second SuperNode is named as a key in use, not an unknown one.
+    twin = script(
+        "start-node.sh", "--state-dir", str(deployment.state_dir), "--name", "twin",
+        "--partition-id", "1", "--num-partitions", "2",
+        "--key", str(deployment.state_dir / "keys/node-0"),
+        "--port", str(deployment.node_port_base + 2), "--skip-check", "--connect-timeout", "30",
+    )
+    assert twin.returncode != 0
+    assert "its key is registered but already in use by a connected SuperNode" in twin.stderr, \
+        twin.stderr
+    # The operator, on the SuperLink's machine, still sees the two nodes it admitted
+    # and no run.
+    nodes = deployment.online_nodes()
+    assert len(nodes) == 2
+    assert all(node["status"] == "online" for node in nodes)
+    listed = deployment.flwr("ls", "fl-clusters", "--format", "json")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert '"runs": []' in listed.stdout.replace("\n", "").replace("  ", "") or \
+        '"runs":[]' in listed.stdout.replace(" ", "").replace("\n", "")
 
 
 def stream_run(deployment: Deployment, run_config: str,

@@ -462,6 +462,26 @@ def test_a_sweep_folder_that_cannot_be_written_is_refused_in_one_line(
     assert "a-file/out" in line and "--out" in line
 
 
+def test_a_sweep_of_more_than_a_thousand_runs_names_its_size_and_waits_for_yes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "big.toml"
+    seeds = ", ".join(str(seed) for seed in range(1001))
+    path.write_text(TINY_BASE + f'[grid]\nstrategy = ["fedavg"]\nseed = [{seeds}]\n')
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("large sweep 1,001 runs to do (none of its runs is recorded yet")
+    assert "--dry-run lists them" in line and "--yes starts all of them" in line
+    assert not (out / "runs.jsonl").exists()
+    # --yes goes on to run it (stopped here before any run starts).
+    started: list[int] = []
+    monkeypatch.setattr("fl_clusters.sweep.cli.run_sweep",
+                        lambda sweep, *args, **kwargs: started.append(len(sweep.cells)))
+    assert main(["sweep", str(path), "--out", str(out), "--yes"]) == 0
+    assert started == [1001]
+
+
 def test_stop_after_finishes_the_run_under_way_and_starts_no_other(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ray_in_this_process: None
 ) -> None:

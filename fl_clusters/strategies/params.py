@@ -81,18 +81,25 @@ class ParamError(ValueError):
         self.value = value
 
 
+def _number(value: float) -> str:
+    """A bound as written: whole numbers in full (a seed's 4294967295), others short."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def _bounds(
     low: float | None, high: float | None, above: float | None, below: float | None
 ) -> str:
     """The allowed range in words: ``>= 1``, ``in [0, 1]``, ``in (0, 1]``..."""
-    lower = (f"({above:g}" if above is not None else f"[{low:g}" if low is not None else None)
-    upper = (f"{below:g})" if below is not None else f"{high:g}]" if high is not None else None)
+    lower = (f"({_number(above)}" if above is not None
+             else f"[{_number(low)}" if low is not None else None)
+    upper = (f"{_number(below)})" if below is not None
+             else f"{_number(high)}]" if high is not None else None)
     if lower and upper:
         return f" in {lower}, {upper}"
     if lower:
-        return f" > {above:g}" if above is not None else f" >= {low:g}"
+        return f" > {_number(above)}" if above is not None else f" >= {_number(low)}"
     if upper:
-        return f" < {below:g}" if below is not None else f" <= {high:g}"
+        return f" < {_number(below)}" if below is not None else f" <= {_number(high)}"
     return ""
 
 

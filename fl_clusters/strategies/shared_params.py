@@ -12,8 +12,10 @@ from typing import Any
 from fl_clusters.strategies.params import Param
 from fl_clusters.strategies.presets import PRESETS
 
+# 0 would sample no one: every round a failed one, the run stopping without a word
+# of which setting caused it.
 FRACTION_TRAIN = Param("fraction_train", 1.0, "float", "clients sampled a round",
-                       low=0.0, high=1.0, key="fraction-train")
+                       above=0.0, high=1.0, key="fraction-train")
 FRACTION_EVALUATE = Param(
     "fraction_evaluate", 1.0, "float",
     "clients evaluated a round (0 = none; in your own ServerApp the last round evaluates "
@@ -30,7 +32,9 @@ MAX_FAILED_ROUNDS = Param(
     "stop the run after this many training rounds in a row without a valid reply", low=1,
     key="max-failed-rounds",
 )
-SEED = Param("seed", 0, "int", "seed of data partition, init and sampling", low=0, key="seed")
+# numpy's legacy generators (and so scikit-learn's k-means) take seeds below 2**32.
+SEED = Param("seed", 0, "int", "seed of data partition, init and sampling", low=0,
+             high=2**32 - 1, key="seed")
 # AWCFL and MCFL (Li and Yan 2023) apply to every strategy that puts each node
 # in one cluster.
 INTER_CLUSTER = (

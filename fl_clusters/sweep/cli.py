@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from fl_clusters.sweep.runner import (
 )
 from fl_clusters.sweep.spec import SweepFileError, load_sweep, parse_only
 from fl_clusters.sweep.twins import SAME_RUN_AS, SameRuns, latest_by_key
+
+# Runs to do above which a sweep starts only with --yes.
+LARGE_SWEEP_RUNS = 1000
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +49,11 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
         "--stop-after", type=_minutes, default=None, metavar="MINUTES",
         help="start no run after this many minutes; the run under way finishes, and "
              "the same command later runs the rest",
+    )
+    parser.add_argument(
+        "--yes", action="store_true",
+        help=f"start even when more than {LARGE_SWEEP_RUNS} runs are to do (without it such "
+             "a sweep names its size and stops)",
     )
     parser.add_argument(
         "--dry-run", action="store_true",
@@ -94,7 +103,12 @@ def sweep_command(args: argparse.Namespace) -> int:
     except OSError as err:
         return _refuse(console, "cannot write the sweep's folder",
                        f"{folder}: {err.strerror or err}; name a folder you can write with --out")
-    recorded = len(read_runs(folder / RUNS_FILE))
+    runs = read_runs(folder / RUNS_FILE)
+    recorded = len(runs)
+    if not (args.yes or args.merge or args.report):
+        size = _size_problem(runs, len(pending_cells(sweep, runs, args.retry_failed, only)))
+        if size is not None:
+            return _refuse(console, "large sweep", size)
     try:
         if args.merge:
             return _merge(sweep, folder, args.merge, console)
@@ -109,6 +123,22 @@ def sweep_command(args: argparse.Namespace) -> int:
     except SweepFolderInUse as err:
         return _refuse(console, "sweep folder in use", err)
     return _failed_runs_status(console, read_runs(folder / RUNS_FILE)[recorded:])
+
+
+def _size_problem(runs: list[dict[str, Any]], to_do: int) -> str | None:
+    """Why a sweep of ``to_do`` runs should not start unasked, or ``None`` when it may.
+
+    A grid's axes multiply: one axis too many turns a morning's sweep into weeks,
+    and the first word of that should come before the first run, not after.
+    """
+    if to_do <= LARGE_SWEEP_RUNS:
+        return None
+    seconds = [float(r["seconds"]) for r in runs if isinstance(r.get("seconds"), int | float)]
+    took = (f"at the {statistics.median(seconds):.0f} s its recorded runs took, about "
+            f"{to_do * statistics.median(seconds) / 3600:,.0f} h on this machine"
+            if seconds else "none of its runs is recorded yet to time it")
+    return (f"{to_do:,} runs to do ({took}); --dry-run lists them, --only and --stop-after "
+            f"run a part, and --yes starts all of them")
 
 
 def _dry_run(
