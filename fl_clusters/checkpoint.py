@@ -26,10 +26,14 @@ The file, ``checkpoint.zip``, is a zip archive of three parts and holds no code
   without pickles.
 
 Reading it rebuilds the strategy from the checkpoint's run config, as the run
-built it, and sets back the attributes it kept; which values the tree rebuilds,
-and why reading it imports nothing, is :mod:`fl_clusters.state_tree`'s. A file
-that fails any check (zip structure, part checksums, format version, tree) is
-refused whole with one line naming the file and the damage.
+built it, and sets back the attributes it kept once they fit it
+(:mod:`fl_clusters.checkpoint_checks`); which values the tree rebuilds, and why
+reading it imports nothing, is :mod:`fl_clusters.state_tree`'s. What reading may
+allocate is bounded (:mod:`fl_clusters.checkpoint_limits`). A file that fails any
+check (zip structure, sizes, part checksums, format version, tree, field types,
+the round, finite cluster models) is refused whole with one line naming the file
+and the damage. Reading writes nothing: the folder resumed from may be read-only,
+or another run's.
 """
 
 from __future__ import annotations
@@ -49,12 +53,13 @@ from fl_clusters.checkpoint_archive import (
     ARRAYS,
     CHECKPOINT_FILE,
     STATE,
-    ZIP_ERRORS,
     one_line,
+    read_arrays,
     read_parts,
     write_parts,
 )
-from fl_clusters.files import remove_dead_partials
+from fl_clusters.checkpoint_checks import check_cluster_models, check_fields, restore_state
+from fl_clusters.checkpoint_limits import CheckpointLimits
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.state_tree import (
     TREE_ERRORS,
@@ -119,39 +124,42 @@ def remap_node_ids(value: Any, mapping: Mapping[int, int]) -> Any:
     return value
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
+def read_checkpoint(path: Path, limits: CheckpointLimits | None = None) -> dict[str, Any]:
     """The fields of the :class:`Checkpoint` in the file at ``path``, the strategy's as
     ``{"class": ..., "state": ...}``.
+
+    Reads ``path`` and nothing else, and writes nothing.
+
+    Parameters
+    ----------
+    path : Path
+        The checkpoint file.
+    limits : CheckpointLimits | None
+        What the file may make this process allocate; ``None``: the defaults.
 
     Raises
     ------
     DamagedCheckpoint
-        If the file fails a check of :func:`read_parts`, or its state tree is not
-        one a checkpoint writes.
+        If the file fails a check of :func:`read_parts` or :func:`read_arrays`,
+        its state tree is not one a checkpoint writes, a field is of the wrong
+        type, or a cluster model is not finite.
     """
-    parts = read_parts(path)
+    limits = limits or CheckpointLimits()
+    parts = read_parts(path, limits)
+    arrays = read_arrays(parts[ARRAYS])
     try:
-        with np.load(io.BytesIO(parts[ARRAYS]), allow_pickle=False) as stored:
-            arrays = {key: stored[key] for key in stored.files}
-    except ZIP_ERRORS as error:
-        raise DamagedCheckpoint(f"is damaged: its {ARRAYS} cannot be read "
-                                f"({one_line(error)})") from None
-    try:
-        fields = StateReader(arrays).value(json.loads(parts[STATE]))
+        fields = StateReader(arrays, limits.max_depth).value(json.loads(parts[STATE]))
         names = {f.name for f in dataclasses.fields(Checkpoint)}
         if type(fields) is not dict or set(fields) != names:
             raise DamagedCheckpoint(f"is malformed: its {STATE} does not hold the fields "
                                     f"{sorted(names)}")
-        strategy = fields["strategy"]
-        if (not isinstance(fields["settings"], dict) or type(fields["server_round"]) is not int
-                or type(strategy) is not dict or set(strategy) != {"class", "state"}
-                or not isinstance(strategy["state"], dict)):
-            raise DamagedCheckpoint(f"is malformed: its {STATE} has fields of the wrong type")
-    except TREE_ERRORS as error:
+    except (*TREE_ERRORS, RecursionError) as error:
         raise DamagedCheckpoint(
             f"is malformed: its {STATE} cannot be rebuilt ({type(error).__name__}: "
             f"{one_line(error)})"
         ) from None
+    check_fields(fields)
+    check_cluster_models(fields)
     return fields
 
 
@@ -180,8 +188,8 @@ def _checkpoint_path(location: str | Path) -> Path:
     return path
 
 
-def _check_resumable(fields: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
-    """Check a checkpoint's ``fields`` fit the resumed run's ``settings``.
+def _check_resumable(path: Path, fields: Mapping[str, Any], settings: Mapping[str, Any]) -> None:
+    """Check the ``fields`` of the checkpoint at ``path`` fit the resumed run's ``settings``.
 
     Raises
     ------
@@ -199,12 +207,12 @@ def _check_resumable(fields: Mapping[str, Any], settings: Mapping[str, Any]) -> 
             f"{key}={found_settings.get(key)!r} (now {settings.get(key)!r})" for key in changed
         )
         raise ValueError(
-            f"resume-from: the checkpoint's run config differs in {detail}; resume with "
+            f"resume-from: the run config of {path} differs in {detail}; resume with "
             f"the same settings (only {sorted(RESUMABLE_CHANGES)} may change)"
         )
     if fields["server_round"] > settings["num-rounds"]:
         raise ValueError(
-            f"resume-from: the checkpoint is at round {fields['server_round']}, past "
+            f"resume-from: {path} is at round {fields['server_round']}, past "
             f"num-rounds = {settings['num-rounds']}; set num-rounds >= "
             f"{fields['server_round']}"
         )
@@ -214,20 +222,24 @@ def _rebuilt_strategy(path: Path, fields: Mapping[str, Any]) -> ServerStrategy:
     """The strategy of the checkpoint at ``path``, with the state its ``fields`` hold.
 
     The run config builds the strategy as the run did; then it gets back what it
-    had decided by the checkpoint's round.
+    had decided by the checkpoint's round (:func:`restore_state`).
 
     Raises
     ------
     ValueError
-        If the run config builds a strategy of another class than the one kept.
+        If the run config builds a strategy of another class than the one kept,
+        or the state does not fit the strategy built.
     """
     strategy = build_strategy(fields["settings"])
     if qualified_name(type(strategy)) != fields["strategy"]["class"]:
         raise ValueError(
-            f"resume-from: {path} holds a {fields['strategy']['class']} strategy, but its "
-            f"run config builds a {qualified_name(type(strategy))}; it is not loaded"
+            f"resume-from: {path} holds a {fields['strategy']['class']!r} strategy, but its "
+            f"run config builds a {qualified_name(type(strategy))!r}; it is not loaded"
         )
-    vars(strategy).update(fields["strategy"]["state"])
+    try:
+        restore_state(strategy, fields["strategy"]["state"])
+    except DamagedCheckpoint as error:
+        raise ValueError(f"resume-from: {path} {error}; it is not loaded") from None
     return strategy
 
 
@@ -297,8 +309,14 @@ class Checkpoint:
         return path
 
     @classmethod
-    def load(cls, location: str | Path, settings: Mapping[str, Any]) -> Checkpoint:
+    def load(
+        cls, location: str | Path, settings: Mapping[str, Any],
+        limits: CheckpointLimits | None = None,
+    ) -> Checkpoint:
         """Read the checkpoint at ``location`` and check it fits ``settings``.
+
+        Writes nothing: a temporary file the interrupted run left in its folder is
+        removed by the next write of a checkpoint there, never by a reader.
 
         Parameters
         ----------
@@ -306,23 +324,25 @@ class Checkpoint:
             A results folder holding ``checkpoint.zip``, or the file itself.
         settings : Mapping[str, Any]
             The resumed run's validated run config.
+        limits : CheckpointLimits | None
+            What the file may make this process allocate; ``None``: the defaults.
 
         Raises
         ------
         ValueError
             If there is no checkpoint, it is damaged (truncated, a part that does
-            not match its checksum), it is not an fl-clusters checkpoint of this
-            format version, its run config differs in a key that changes what a
-            round computes, or it is past the run's ``num-rounds``.
+            not match its checksum), larger than ``limits`` allow, it is not an
+            fl-clusters checkpoint of this format version, its state does not fit
+            the strategy its run config builds, its run config differs in a key
+            that changes what a round computes, or it is past the run's
+            ``num-rounds``.
         """
         path = _checkpoint_path(location)
         try:
-            fields = read_checkpoint(path)
+            fields = read_checkpoint(path, limits)
         except DamagedCheckpoint as error:
             raise ValueError(f"resume-from: {path} {error}; it is not loaded") from None
-        _check_resumable(fields, settings)
-        # The interrupted run may have been killed while writing its next checkpoint.
-        remove_dead_partials(path)
+        _check_resumable(path, fields, settings)
         strategy = _rebuilt_strategy(path, fields)
         return cls(**{**fields, "strategy": strategy})
 

@@ -61,6 +61,8 @@ def remove_dead_partials(path: Path) -> None:
     A writer killed mid-write (:func:`atomic_output`) leaves
     ``.<name>.<pid>.partial``; one whose process is still alive is another
     writer's file in progress, and is kept. The process ids are this machine's.
+    Only a writer calls it, on the folder it writes: a reader changes nothing in
+    the folder it reads (a resumed run's may be read-only, or another run's).
     """
     for partial in path.parent.glob(f".{glob.escape(path.name)}.*.partial"):
         pid = partial.name[len(path.name) + 2:-len(".partial")]

@@ -11,7 +11,7 @@ no identity handler, or raises, is only logged: it still trains.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
 
@@ -95,33 +95,9 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
     ]
     found = NodeIdentities()
     for msg in grid.send_and_receive(queries, timeout=timeout):
-        node = msg.metadata.src_node_id
-        found.keys[node] = None
-        if msg.has_error():
-            found.problems[node] = f"client error ({client_error_message(msg.error.reason)})"
-            continue
-        startup = msg.content.config_records.get(p.STARTUP_PROBLEM)
-        if startup is not None:
-            found.startup_problems[node] = str(startup.get("message", "no reason given"))
-            if startup.get(p.EVERY_NODE) is True:
-                found.every_node.add(node)
-        metrics = msg.content.metric_records.get(p.METRICS)
-        problem = (
-            f"no '{p.METRICS}' record" if metrics is None
-            else p.field_problem(metrics, p.M_NODE_KEY, KEY_FIELD)
-        )
-        if problem is not None:
-            found.problems[node] = problem
-            continue
-        found.keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
-        if p.M_TRUE_GROUP in metrics and p.field_problem(
-            metrics, p.M_TRUE_GROUP, GROUP_FIELD  # type: ignore[arg-type]
-        ) is None:
-            found.groups[node] = int(metrics[p.M_TRUE_GROUP])  # type: ignore[index,arg-type]
-        if p.M_PARTITION_ID in metrics and p.field_problem(
-            metrics, p.M_PARTITION_ID, PARTITION_FIELD  # type: ignore[arg-type]
-        ) is None:
-            found.partitions[node] = int(metrics[p.M_PARTITION_ID])  # type: ignore[index,arg-type]
+        _read_identity(msg, found)
+    # Within one handshake the first reply to claim a key or partition keeps it.
+    refuse_taken_claims(found, {}, {}, found.partitions)
     for node, problem in sorted(found.problems.items()):
         log(WARNING, "identity: node %d gave no stable key (%s); it is ordered by its "
             "random node id, so runs with it may not repeat", node, problem)
@@ -130,6 +106,118 @@ def identify_nodes(grid: Grid, nodes: Iterable[int], timeout: float | None) -> N
         log(WARNING, "identity: %d of %d nodes did not answer within %s s (round-timeout); "
             "they are asked again when next listed", len(found.unanswered), len(nodes), timeout)
     return found
+
+
+def _read_identity(msg: Message, found: NodeIdentities) -> None:
+    """Add one node's identity reply to ``found`` (its key, group, partition or problem)."""
+    node = msg.metadata.src_node_id
+    found.keys[node] = None
+    if msg.has_error():
+        found.problems[node] = f"client error ({client_error_message(msg.error.reason)})"
+        return
+    startup = msg.content.config_records.get(p.STARTUP_PROBLEM)
+    if startup is not None:
+        found.startup_problems[node] = str(startup.get("message", "no reason given"))
+        if startup.get(p.EVERY_NODE) is True:
+            found.every_node.add(node)
+    metrics = msg.content.metric_records.get(p.METRICS)
+    problem = (
+        f"no '{p.METRICS}' record" if metrics is None
+        else p.field_problem(metrics, p.M_NODE_KEY, KEY_FIELD)
+    )
+    if problem is not None:
+        found.problems[node] = problem
+        return
+    found.keys[node] = int(metrics[p.M_NODE_KEY])  # type: ignore[index,arg-type]
+    optional = ((p.M_TRUE_GROUP, GROUP_FIELD, found.groups),
+                (p.M_PARTITION_ID, PARTITION_FIELD, found.partitions))
+    for name, field_, kept in optional:
+        if name in metrics and p.field_problem(metrics, name, field_) is None:
+            kept[node] = int(metrics[name])  # type: ignore[arg-type]
+
+
+def _named(node: int, partitions: Mapping[int, int]) -> str:
+    """``node`` with the partition it holds, for a line naming two nodes."""
+    partition = partitions.get(node)
+    return f"node {node}" if partition is None else f"node {node} (partition {partition})"
+
+
+def _claimed(key: int | None, partition: int | None) -> str:
+    """What a node claims to be, for a log line."""
+    return f"node-key {key}" + ("" if partition is None else f" and partition {partition}")
+
+
+def refuse(found: NodeIdentities, node: int, problem: str) -> None:
+    """Take back everything ``node`` claimed in ``found``; ``problem`` says why.
+
+    The node is then ordered and named by its node id, and its reason in
+    ``found.problems`` counts it as a rejected reply.
+    """
+    found.keys[node] = None
+    found.partitions.pop(node, None)
+    found.groups.pop(node, None)
+    found.problems[node] = problem
+
+
+def refuse_taken_claims(
+    found: NodeIdentities,
+    keys_taken: dict[int, int],
+    partitions_taken: dict[int, int],
+    partitions: Mapping[int, int],
+) -> None:
+    """Refuse each identity in ``found`` whose key or partition another node holds.
+
+    Parameters
+    ----------
+    found : NodeIdentities
+        A handshake's replies; their nodes are taken in reply order, so that of two
+        nodes claiming one key the first keeps it.
+    keys_taken, partitions_taken : dict[int, int]
+        Key (partition) -> the live node holding it; every claim kept is added.
+    partitions : Mapping[int, int]
+        Node -> partition, to name a holder in the log.
+    """
+    for node, key in list(found.keys.items()):
+        if key is None:
+            continue
+        partition = found.partitions.get(node)
+        holder = keys_taken.get(key)
+        if holder is None and partition is not None:
+            holder = partitions_taken.get(partition)
+        if holder is not None and holder != node:
+            refuse(found, node, f"refused: it claims {_claimed(key, partition)}, held by "
+                   f"{_named(holder, partitions)}")
+            continue
+        keys_taken[key] = node
+        if partition is not None:
+            partitions_taken[partition] = node
+
+
+def refuse_held_claims(
+    found: NodeIdentities,
+    keys: Mapping[int, int | None],
+    partitions: Mapping[int, int],
+    live: Collection[int],
+) -> None:
+    """:func:`refuse_taken_claims` against the keys and partitions live nodes hold.
+
+    Parameters
+    ----------
+    found : NodeIdentities
+        A later handshake's replies.
+    keys, partitions : Mapping
+        Node -> key (partition) of the nodes known before it.
+    live : Collection[int]
+        The known nodes still connected: a key whose holder has left may be claimed
+        by a node that joins again under a new id.
+    """
+    before = set(found.problems)
+    keys_taken = {key: node for node, key in keys.items() if key is not None and node in live}
+    partitions_taken = {part: node for node, part in partitions.items() if node in live}
+    refuse_taken_claims(found, keys_taken, partitions_taken, partitions)
+    for node in sorted(set(found.problems) - before):
+        log(WARNING, "identity: node %d %s; it is ordered by its random node id",
+            node, found.problems[node])
 
 
 # From this many nodes the start-up handshake asks one node before the others.
@@ -152,7 +240,9 @@ def identify_federation(
         return identify_nodes(grid, nodes, timeout)
     found = identify_nodes(grid, nodes[:1], timeout)
     if not found.every_node:
-        found.update(identify_nodes(grid, nodes[1:], timeout))
+        rest = identify_nodes(grid, nodes[1:], timeout)
+        refuse_held_claims(rest, found.keys, found.partitions, found.keys)
+        found.update(rest)
     return found
 
 
@@ -194,6 +284,22 @@ class NodeRegistry:
         partition = self.partitions.get(node)
         return f"node {node}" if partition is None else f"partition {partition}"
 
+    def claim_problem(self, node: int, claims: Mapping[str, object]) -> str | None:
+        """Why ``claims`` (a reply's metrics) contradict who ``node`` registered as, or ``None``.
+
+        A reply is from the node id Flower gives; a ``node-key`` or ``partition-id``
+        in it that differs from what that node id registered at the handshake is
+        refused, naming both.
+        """
+        registered = {p.M_NODE_KEY: self.keys.get(node),
+                      p.M_PARTITION_ID: self.partitions.get(node)}
+        for name, held in registered.items():
+            claimed = claims.get(name)
+            if claimed is not None and held is not None and claimed != held:
+                return (f"it claims {name} {claimed}, but the handshake registered {held} "
+                        f"for node {node}")
+        return None
+
     def order(self, node: int) -> tuple[int, int, int]:
         """Sort key of ``node``: its stable key, then (for nodes without one) its id."""
         key = self.keys.get(node)
@@ -207,8 +313,13 @@ class NodeRegistry:
         """``replies`` sorted by their sender's :meth:`order`: sums in that order repeat."""
         return sorted(replies, key=lambda m: self.order(m.metadata.src_node_id))
 
-    def adopt(self, identities: NodeIdentities) -> None:
+    def adopt(self, identities: NodeIdentities, live: Collection[int] | None = None) -> None:
         """Keep the keys and partitions the handshake found (:func:`identify_nodes`).
+
+        A node is its node id, never what it claims: a claim that contradicts what
+        the node registered before, or that a node of ``live`` holds (``None``: every
+        known node), is refused (:func:`refuse`, logged, in ``identities.problems``,
+        which the caller counts as rejected) and the first holder keeps it.
 
         A node that did not answer stays unknown, so it is asked again when next
         listed: on a busy machine a cold node misses the start-up handshake, and
@@ -216,7 +327,17 @@ class NodeRegistry:
         :data:`IDENTITY_ASKS` asks it is ordered without a key, so a node that
         never answers does not cost a round timeout every round.
         """
-        self.keys.update(identities.keys)
+        for node in identities.keys:
+            problem = self.claim_problem(node, {p.M_NODE_KEY: identities.keys[node],
+                                                p.M_PARTITION_ID: identities.partitions.get(node)})
+            if problem is not None:
+                refuse(identities, node, f"refused: {problem}")
+                log(WARNING, "identity: %s: %s", self.describe(node), identities.problems[node])
+        refuse_held_claims(identities, self.keys, self.partitions,
+                           self.keys if live is None else live)
+        for node, key in identities.keys.items():
+            if key is not None or self.keys.get(node) is None:  # a refusal keeps what was held
+                self.keys[node] = key
         self.partitions.update(identities.partitions)
         for node in identities.keys:
             self.unanswered.pop(node, None)
@@ -237,11 +358,12 @@ class NodeRegistry:
         int
             How many of their replies were errors or malformed (rejected).
         """
-        missing = sorted(set(nodes) - set(self.keys))
+        nodes = set(nodes)
+        missing = sorted(nodes - set(self.keys))
         if not missing:
             return 0
         found = identify_nodes(grid, missing, timeout)
-        self.adopt(found)
+        self.adopt(found, live=set(nodes))
         return len(found.problems)
 
     def sample(self, nodes: Iterable[int], fraction: float, rng: np.random.Generator) -> list[int]:

@@ -8,6 +8,7 @@ plotting never fails a finished run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from logging import WARNING
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from flwr.common.logger import log
 from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 from scipy.optimize import linear_sum_assignment
+
+from fl_clusters.placement_regret import REGRET_THRESHOLD
 
 ACCURACY_PLOT = "accuracy_per_cluster.png"
 ASSIGNMENT_PLOT = "assignment_map.png"
@@ -118,6 +121,7 @@ def plot_assignment_map(
     truth: Sequence[int],
     path: Path,
     title: str = "",
+    regret: Sequence[float] | None = None,
 ) -> Path:
     """Client x round map of the cluster each client used, clients grouped by true group.
 
@@ -135,6 +139,10 @@ def plot_assignment_map(
         PNG file to write.
     title : str
         What ran (strategy, data, ARI), above the plot's own title.
+    regret : Sequence[float] | None
+        Every client's final placement regret (the order of ``truth``): a client
+        above :data:`~fl_clusters.placement_regret.REGRET_THRESHOLD` gets a cross
+        in its last round's cell.
     """
     truth = np.asarray(truth, dtype=int)
     colors = cluster_colors([c for row in history for c in row if c is not None])
@@ -162,10 +170,27 @@ def plot_assignment_map(
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     strip.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(_titled(title, "cluster each client used per round"), fontsize=9)
+    marks = _mark_regret(ax, regret, order, grid.shape[1])
+    ax.set_title(_titled(title, f"cluster each client used per round{marks}"), fontsize=9)
     bar = fig.colorbar(image, ax=ax, ticks=range(len(colors)), label="cluster")
     bar.ax.set_yticklabels([str(c) for c in colors])
     return _save(fig, path)
+
+
+def _mark_regret(
+    ax: plt.Axes, regret: Sequence[float] | None, order: np.ndarray, last_round: int
+) -> str:
+    """Cross the last cell of each client above the regret threshold; the title's key to it."""
+    if regret is None:
+        return ""
+    rows = np.flatnonzero(np.asarray(regret, dtype=float)[order] > REGRET_THRESHOLD)
+    if not rows.size:
+        return ""
+    ax.autoscale(False)  # the crosses sit on the map's cells and must not widen it
+    # Black with a white edge stays visible on every cluster colour and on white.
+    ax.scatter(np.full(rows.size, last_round), rows, marker="X", s=80, c="k",
+               edgecolors="w", linewidths=0.8, zorder=3)
+    return f"; x: placement regret above {REGRET_THRESHOLD}"
 
 
 def plot_similarity(
@@ -220,7 +245,7 @@ def write_run_plots(
         The run's results folder.
     summary : Mapping[str, Any]
         The run's summary; ``cluster_accuracy_history`` and ``assignment_history``
-        are plotted when present.
+        are plotted when present, the latter with ``placement_regret``'s marks.
     overall : Mapping[int, float]
         Round -> personalized accuracy of all nodes.
     truth : Sequence[int]
@@ -242,7 +267,9 @@ def write_run_plots(
           overall)),
     ]
     if summary.get("assignment_history"):
-        jobs.append((ASSIGNMENT_PLOT, plot_assignment_map, (summary["assignment_history"], truth)))
+        jobs.append((ASSIGNMENT_PLOT,
+                     partial(plot_assignment_map, regret=summary.get("placement_regret")),
+                     (summary["assignment_history"], truth)))
     if similarity is not None:
         jobs.append((SIMILARITY_PLOT, plot_similarity, (similarity, truth)))
     written = []

@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from io import BytesIO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
@@ -130,28 +131,59 @@ TRAIN_FIELDS: Mapping[str, MetricField] = {
     M_STEPS_DONE: MetricField(integer=True, low=0.0, required=False),
     M_EPOCHS_DONE: MetricField(low=0.0, required=False),
 }
+# Fields of an evaluate reply; its optional cluster-id is bounded by the models the
+# message offered (:func:`evaluate_fields`).
 EVALUATE_FIELDS: Mapping[str, MetricField] = {
     M_ACCURACY: MetricField(low=0.0, high=1.0),
     M_LOSS: MetricField(),
-    M_CLUSTER: MetricField(integer=True, low=0.0, required=False),
 }
+
+# The most examples one reply may weigh. The server cannot know a client's data size,
+# so the bound is a fixed ceiling: far above any one node's data set, yet 2**22
+# replies of it still sum to less than 2**53, where float64 counts stay exact and an
+# example-weighted average cannot overflow. It does not stop one node claiming the
+# ceiling from taking over its cluster's average: that needs robust aggregation.
+MAX_NUM_EXAMPLES = 2**31 - 1
+
+
+def cluster_id_field(num_clusters: int) -> MetricField:
+    """The optional ``cluster-id`` of a reply to a message offering ``num_clusters`` models."""
+    return MetricField(integer=True, low=0.0, high=num_clusters - 1.0, required=False)
+
+
+def evaluate_fields(num_clusters: int) -> dict[str, MetricField]:
+    """:data:`EVALUATE_FIELDS` with the ``cluster-id`` of ``num_clusters`` offered models."""
+    return {**EVALUATE_FIELDS, M_CLUSTER: cluster_id_field(num_clusters)}
 
 
 def check_metrics(metrics: MetricRecord, fields: Mapping[str, MetricField]) -> str | None:
     """Return why a reply's metrics cannot be read, or ``None`` when they can.
 
-    ``num-examples`` (a finite number > 0: it weights averages) is always checked;
-    ``fields`` names the others the caller reads. Values must be finite: one NaN or
-    Inf would poison every average and ``int()`` of a cluster id raises on it.
+    ``num-examples`` (a whole number in [1, :data:`MAX_NUM_EXAMPLES`]: it weights
+    averages) is always checked; ``fields`` names the others the caller reads.
+    Values must be finite: one NaN or Inf would poison every average and ``int()``
+    of a cluster id raises on it.
     """
-    problem = field_problem(metrics, M_NUM_EXAMPLES, MetricField(low=0.0))
-    if problem is None and not float(metrics[M_NUM_EXAMPLES]) > 0:  # type: ignore[arg-type]
-        problem = f"'{M_NUM_EXAMPLES}' is {metrics[M_NUM_EXAMPLES]}, must be > 0"
+    problem = _num_examples_problem(metrics)
     for name, field in fields.items():
         if problem is not None:
             break
         problem = field_problem(metrics, name, field)
     return problem
+
+
+def _num_examples_problem(metrics: MetricRecord) -> str | None:
+    """Why a reply's ``num-examples`` cannot weight an average, or ``None``."""
+    problem = field_problem(metrics, M_NUM_EXAMPLES, MetricField(integer=True))
+    if problem is not None:
+        return problem
+    value = float(metrics[M_NUM_EXAMPLES])  # type: ignore[arg-type]
+    if not value > 0:
+        return f"'{M_NUM_EXAMPLES}' is {metrics[M_NUM_EXAMPLES]}, must be > 0"
+    if value > MAX_NUM_EXAMPLES:
+        return (f"'{M_NUM_EXAMPLES}' is {metrics[M_NUM_EXAMPLES]}, above the "
+                f"{MAX_NUM_EXAMPLES} one reply may claim (protocol.MAX_NUM_EXAMPLES)")
+    return None
 
 
 def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str | None:
@@ -173,8 +205,14 @@ def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str |
     if field.integer and not np.all(values == np.round(values)):
         return f"'{name}' must hold whole numbers, got {value}"
     if np.any(values < field.low) or np.any(values > field.high):
-        return f"'{name}' = {value} is outside [{field.low:g}, {field.high:g}]"
+        return f"'{name}' = {value} is outside [{_bound(field.low)}, {_bound(field.high)}]"
     return None
+
+
+def _bound(value: float) -> str:
+    """A field's bound as the log shows it: whole bounds in full (2147483647, not 2.15e+09)."""
+    return str(int(value)) if math.isfinite(value) and value == round(value) else f"{value:g}"
+
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")
@@ -268,22 +306,59 @@ def numpy_to_record(names: Sequence[str], arrays: Sequence[np.ndarray]) -> Array
 def check_model_reply(record: ArrayRecord, reference: ArrayRecord) -> str | None:
     """Return why a client's model cannot be aggregated, or ``None`` when it can.
 
-    A reply must hold exactly the reference's keys (in any order), with the same
-    shapes, and only finite values: one NaN would poison every cluster model it is
-    averaged into.
+    A reply must hold exactly the reference's keys (in any order), each with the
+    dtype and shape of the array sent, and only finite values: one NaN would poison
+    every cluster model it is averaged into, and a complex or integer array where a
+    float one was sent would change what the average is.
     """
     if set(record.keys()) != set(reference.keys()):
         missing = sorted(set(reference) - set(record))
         extra = sorted(set(record) - set(reference))
         return f"keys differ from the model sent (missing {missing[:3]}, extra {extra[:3]})"
     for name, array in record.items():
-        expected = tuple(reference[name].shape)
-        if tuple(array.shape) != expected:
-            return f"array '{name}' has shape {tuple(array.shape)}, expected {expected}"
-        values = array.numpy()
-        if np.issubdtype(values.dtype, np.floating) and not np.all(np.isfinite(values)):
-            return f"array '{name}' holds NaN or Inf values"
+        problem = _array_problem(name, array, reference[name])
+        if problem is not None:
+            return problem
     return None
+
+
+def _array_problem(name: str, array: Array, sent: Array) -> str | None:
+    """Why one array of a reply cannot stand for the array ``sent``, or ``None``.
+
+    The declared dtype and shape are compared first (strings, no decoding). The
+    bytes carry a dtype and shape of their own, which a reply may declare falsely,
+    so their .npy header is read before the data: a header claiming a huge shape is
+    refused before numpy allocates it, and the data are decoded once.
+    """
+    if array.dtype != sent.dtype:
+        return f"array '{name}' has dtype {array.dtype}, expected {sent.dtype} as sent"
+    expected = (sent.dtype, tuple(sent.shape))
+    if tuple(array.shape) != expected[1]:
+        return f"array '{name}' has shape {tuple(array.shape)}, expected {expected[1]}"
+    stream = BytesIO(array.data)
+    try:
+        stored = _npy_header(stream)
+        if stored != expected:
+            return (f"array '{name}' declares {expected[0]} {expected[1]} but its data "
+                    f"hold {stored[0]} {stored[1]}")
+        stream.seek(0)
+        values = np.load(stream, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as error:
+        return f"array '{name}' holds no readable .npy data ({error})"
+    if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+        return f"array '{name}' holds NaN or Inf values"
+    return None
+
+
+def _npy_header(stream: BytesIO) -> tuple[str, tuple[int, ...]]:
+    """The dtype and shape an .npy stream's header declares (``ValueError`` if none)."""
+    version = np.lib.format.read_magic(stream)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0,
+               (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f".npy version {version} is not one np.save writes for arrays")
+    shape, _, dtype = readers[version](stream)
+    return str(dtype), tuple(shape)
 
 
 def head_keys(model: ArrayRecord, head_layers: int) -> list[str]:

@@ -79,13 +79,16 @@ def report_row(
         return None
     metrics = reply.content.metric_records.get(p.METRICS)
     problem = f"no '{p.METRICS}' record" if metrics is None else p.check_metrics(metrics, fields)
+    # A report that claims another node's key or partition would file its numbers
+    # under that node's row.
+    problem = problem or strategy.nodes.claim_problem(node, metrics)  # type: ignore[arg-type]
     if problem is not None:
-        log(WARNING, "report: rejected reply from node %d: %s", node, problem)
+        log(WARNING, "report: rejected reply from %s: %s", strategy.nodes.describe(node), problem)
         return None
     assigned = strategy.assignment_for(node)
     if assigned is None and "train-loss" not in metrics:  # type: ignore[operator]
-        log(WARNING, "report: rejected reply from node %d: no 'train-loss' to choose its "
-            "cluster by", node)
+        log(WARNING, "report: rejected reply from %s: no 'train-loss' to choose its "
+            "cluster by", strategy.nodes.describe(node))
         return None
     row = {key: metrics[key] for key in metrics}  # type: ignore[union-attr,index]
     row["node-id"] = node

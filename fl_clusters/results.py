@@ -37,6 +37,7 @@ from fl_clusters.metrics import (
 )
 from fl_clusters.placement import NOWHERE
 from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
+from fl_clusters.placement_regret import placement_fields, table_rows
 from fl_clusters.report import collect_report
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.interface import ServerStrategy
@@ -71,14 +72,11 @@ def summarize(
             for i, r in enumerate(rows)
         ]
     )
-    cluster_accuracy = []
-    for j in range(k):
-        members = assigned == j
-        cluster_accuracy.append(
-            float(np.average(accuracy[members, j], weights=num_test[members]))
-            if members.any()
-            else None
-        )
+    cluster_accuracy = [
+        float(np.average(accuracy[assigned == j, j], weights=num_test[assigned == j]))
+        if (assigned == j).any() else None
+        for j in range(k)
+    ]
     ari, nmi = recovery_scores(truth, assigned)
     intra, inter = intra_inter_accuracy(accuracy, truth, np.repeat(assigned[:, None], n, axis=1))
     history = accuracy_by_round(result)
@@ -228,6 +226,7 @@ def run_summary(
     summary.update(strategy_fields(strategy, rows))
     summary.update(node_fields(start_nodes, final_nodes, grid.nodes_seen, rows, answered))
     summary.update(history_fields(strategy, rows))
+    summary.update(placement_fields(rows, summary["per_client_accuracy"], strategy.round_history()))
     summary["placement"] = placement_summary(rows)
     summary.update(
         wall_time_s=wall_time_s,
@@ -436,6 +435,8 @@ def print_summary(summary: dict[str, Any], folder: Path) -> None:
     table.add_row("personalized accuracy", f"{summary['personalized_accuracy']:.4f}")
     table.add_row("clusters found", str(summary["num_clusters_found"]))
     table.add_row("ARI / NMI", f"{summary['ari']:.3f} / {summary['nmi']:.3f}")
+    for name, value in table_rows(summary):
+        table.add_row(name, value)
     table.add_row("MB sent / received",
                   f"{summary['bytes_sent'] / 1e6:.2f} / {summary['bytes_received'] / 1e6:.2f}")
     placement = summary.get("placement") or {}

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fl_clusters.checkpoint_limits import CheckpointLimits
+
 # Kinds of numpy scalars the tree keeps (bool, int, uint, float). Arrays of any
 # dtype but object go to arrays.npz; object arrays go to the tree item by item.
 SCALAR_KINDS = "biuf"
@@ -153,10 +155,17 @@ class StateReader:
     ----------
     arrays : Mapping[str, np.ndarray]
         The arrays of ``arrays.npz``, by key.
+    max_depth : int
+        How many containers deep the tree may nest: a deeper one is refused
+        before Python's recursion limit is reached (default: that of
+        :class:`~fl_clusters.checkpoint_limits.CheckpointLimits`).
     """
 
-    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, arrays: Mapping[str, np.ndarray],
+                 max_depth: int = CheckpointLimits.max_depth) -> None:
         self.arrays = arrays
+        self.max_depth = max_depth
+        self._depth = 0
         # What each tag's body is read as; a tag not here is refused.
         self._readers: dict[str, Callable[[Any], Any]] = {
             "$float": self._float,
@@ -183,10 +192,24 @@ class StateReader:
         Raises
         ------
         DamagedCheckpoint
-            If ``tree`` is not a tree :class:`StateWriter` writes.
+            If ``tree`` is not a tree :class:`StateWriter` writes, or nests deeper
+            than ``max_depth``.
         """
         if tree is None or type(tree) in (bool, str, int, float):
             return tree
+        if self._depth >= self.max_depth:
+            raise DamagedCheckpoint(
+                f"is refused: its state nests deeper than {self.max_depth} levels, which no "
+                "strategy's state does (CheckpointLimits.max_depth)"
+            )
+        self._depth += 1
+        try:
+            return self._node(tree)
+        finally:
+            self._depth -= 1
+
+    def _node(self, tree: Any) -> Any:
+        """The value of ``tree``, a list or a tagged object."""
         if type(tree) is list:
             return [self.value(item) for item in tree]
         if type(tree) is not dict or len(tree) != 1:
@@ -230,7 +253,17 @@ class StateReader:
         return items.reshape(body[0])
 
     def _array_record(self, body: Any) -> ArrayRecord:
-        return ArrayRecord({name: Array(self.arrays[key]) for name, key in body})
+        record = ArrayRecord()
+        for name, key in body:
+            array = self.arrays[key]
+            # A model's weights: torch would cast another dtype into them silently.
+            if array.dtype.kind != "f":
+                raise DamagedCheckpoint(
+                    f"is refused: its model array {name!r} is of dtype {array.dtype}, not "
+                    "the floating point fl-clusters' models hold"
+                )
+            record[name] = Array(array)
+        return record
 
     def _metric_record(self, body: Any) -> MetricRecord:
         return MetricRecord(self.value(body))

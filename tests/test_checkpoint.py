@@ -382,7 +382,9 @@ def test_a_process_killed_while_writing_leaves_a_whole_checkpoint(tmp_path: Path
     loaded = Checkpoint.load(tmp_path, parse_run_config({"num-rounds": 1000}))
     assert loaded.server_round in (2, 3)
     assert (loaded.arrays["w"].numpy() == loaded.server_round).all()
-    # Resuming removes the temporary file the killed writer left.
+    # Reading leaves the folder alone; the next write removes what the killed writer left.
+    assert CHECKPOINT_FILE in os.listdir(tmp_path)
+    loaded.write(tmp_path)
     assert os.listdir(tmp_path) == [CHECKPOINT_FILE]
 
 

@@ -216,6 +216,9 @@ def test_flwr_run_in_a_fresh_home_runs_the_default_job(fresh_checkout) -> None:
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["num_clients"] == 20
     assert summary["ari"] == 1.0
+    # The closing table says what a wrong placement costs (issue 58).
+    assert len(summary["placement_regret"]) == 20
+    assert "max placement regret" in output and "placement regret > 0.1" in output
     # One progress line per round instead of Flower's metric records.
     rounds = [line for line in lines if line.startswith("round ")]
     assert len(rounds) == 15 and rounds[-1].startswith("round 15/15")

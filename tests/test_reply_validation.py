@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -229,6 +230,25 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
                          answered)
     assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4, 5]}
     assert set(report_fields(2)) >= {"test-accuracy", "train-loss", "num-test"}
+
+
+def test_a_report_claiming_another_nodes_partition_is_left_out(
+    server_identity: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = {"test-accuracy": [0.5, 0.9], "test-loss": [1.0, 0.2], "train-loss": [1.1, 0.3],
+            "num-test": 10, p.M_NUM_EXAMPLES: 40}
+    strategy = IFCA(2)
+    strategy.nodes.partitions.update({1: 0, 2: 1})
+    grid = MeteredGrid(ReportGrid({1: {**good, "partition-id": 0},
+                                   2: {**good, "partition-id": 0}}))  # type: ignore[arg-type]
+    packed = p.pack_clusters([_model(), _model()])
+    settings_ = {"mcfl-feature-samples": 8, "round-timeout": 5.0}
+    with caplog.at_level(logging.WARNING):
+        rows, answered = collect_report(grid, strategy, packed, [1, 2], settings_)
+    assert answered == {1, 2}
+    assert [(r["node-id"], r["partition-id"]) for r in rows] == [(1, 0)]
+    assert ("report: rejected reply from partition 1: it claims partition-id 0, but the "
+            "handshake registered 1 for node 2") in caplog.text
 
 
 def test_late_nodes_are_marked_in_the_report_rows() -> None:

@@ -34,8 +34,8 @@ def weighted_average(
     models : sequence of sequence of np.ndarray
         Models as lists of layer arrays, all with the same layer shapes.
     weights : sequence of float
-        One non-negative weight per model (e.g. its number of examples), with a
-        positive total.
+        One finite, non-negative weight per model (e.g. its number of examples),
+        not all 0; only their ratios count, so huge weights cannot overflow.
 
     Returns
     -------
@@ -43,16 +43,8 @@ def weighted_average(
         The averaged layers, in the dtypes of ``models[0]``'s layers.
     """
     _check_same_shapes(models, "models")
-    factors = np.asarray(weights, dtype=np.float64)
-    if factors.shape != (len(models),):
-        raise ValueError(
-            f"weights must hold {len(models)} values (one per model), got shape {factors.shape}"
-        )
-    if not np.all(np.isfinite(factors)) or np.any(factors < 0):
-        raise ValueError("weights must be finite and non-negative")
+    factors = _scaled_weights(weights, len(models))
     total = float(factors.sum())
-    if not total > 0:
-        raise ValueError(f"weights must have a positive total, got {total}")
     averaged = []
     for layers in zip(*models, strict=True):
         accumulator = np.zeros(np.shape(layers[0]), dtype=np.float64)
@@ -62,6 +54,26 @@ def weighted_average(
         # inputs exact: sum(w_i x) / sum(w_i) = x.
         averaged.append((accumulator / total).astype(np.asarray(layers[0]).dtype))
     return averaged
+
+
+def _scaled_weights(weights: Sequence[float], count: int) -> np.ndarray:
+    """``weights`` in float64, scaled by a power of two so that the largest is in [0.5, 1).
+
+    Weights near float64's limit (two of 1e308) would otherwise overflow the total
+    to Inf and turn every average into 0 or NaN; after scaling the total is at most
+    ``count``. A power of two scales exactly, so equal inputs still average exactly.
+    """
+    factors = np.asarray(weights, dtype=np.float64)
+    if factors.shape != (count,):
+        raise ValueError(
+            f"weights must hold {count} values (one per model), got shape {factors.shape}"
+        )
+    if not np.all(np.isfinite(factors)) or np.any(factors < 0):
+        raise ValueError("weights must be finite and non-negative")
+    largest = float(factors.max())
+    if not largest > 0:
+        raise ValueError(f"weights must have a positive total, got {float(factors.sum())}")
+    return np.ldexp(factors, -np.frexp(largest)[1])
 
 
 def inter_cluster_mix(

@@ -16,6 +16,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
+from fl_clusters.placement_regret import warn_if_clustering_broke
 from fl_clusters.strategies.evaluation import (
     EvaluateFn,
     cluster_accuracy,
@@ -101,6 +102,9 @@ class ClusteredStrategy(ServerStrategy, Declared):
         # cluster's example-weighted accuracy (for the run's plots and summary).
         self.assignment_history: dict[int, dict[int, int]] = {}
         self.cluster_accuracy_history: dict[int, dict[int, float]] = {}
+        # The cluster models the last evaluate messages offered: an evaluate reply's
+        # cluster-id must name one of them.
+        self.evaluated_models = 1
 
     # ------------------------------------------------------------------ helpers
     def federation_problem(self, num_nodes: int) -> str | None:
@@ -203,7 +207,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """
         if fields is None:
             fields = p.TRAIN_FIELDS if trains else {}
-        valid, reasons = validate_replies(replies, reference, stage, fields, self.nodes.describe)
+        valid, reasons = validate_replies(replies, reference, stage, fields, self.nodes.describe,
+                                          self.nodes.claim_problem)
         self.rejected_replies += len(reasons)
         # Replies arrive in any order; a fixed order makes every sum (and result) repeat.
         valid.sort(key=lambda m: self.node_order(m.metadata.src_node_id))
@@ -311,6 +316,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         if fraction == 0.0:
             return []
         models = p.unpack_clusters(arrays)
+        self.evaluated_models = len(models)
         features = self.mcfl_cluster_features(len(models)) if len(models) > 1 else None
         contents = {
             node: evaluate_content(arrays, models, self.round_config(config, server_round),
@@ -326,15 +332,18 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """Example-weighted mean of the nodes' accuracy and loss on their test splits.
 
         Also keeps, for the run's plots and summary, which cluster each evaluated
-        node used and each cluster's accuracy.
+        node used and each cluster's accuracy, and warns when this round's clusters
+        undo a clustering that had held
+        (:func:`~fl_clusters.placement_regret.warn_if_clustering_broke`).
         """
-        valid = self.check_replies(replies, None, "aggregate_evaluate", p.EVALUATE_FIELDS,
-                                   trains=False)
+        fields = p.evaluate_fields(self.evaluated_models)
+        valid = self.check_replies(replies, None, "aggregate_evaluate", fields, trains=False)
         if not valid:
             return None
         accuracy, loss, examples = mean_metrics(valid)
         used = clusters_used(valid, self.assignment_for)
         self.assignment_history[server_round] = used
+        warn_if_clustering_broke(self.assignment_history, server_round, self.nodes.describe)
         self.cluster_accuracy_history[server_round] = cluster_accuracy(valid, used)
         sizes = np.bincount(list(self.assignments.values())) if self.assignments else []
         log(

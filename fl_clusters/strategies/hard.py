@@ -164,7 +164,7 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
     def replies_by_cluster(self, replies: Iterable[Message]) -> dict[int, list[Message]]:
         """The valid train replies, grouped by the cluster whose model each node trained."""
         members: dict[int, list[Message]] = {}
-        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
+        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.cluster_id_field(len(self._models))}
         for msg in self.check_replies(replies, self._models[0], "aggregate_train", fields,
                                       trains=True):
             node = msg.metadata.src_node_id

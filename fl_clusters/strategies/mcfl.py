@@ -7,6 +7,7 @@ takes the cluster model whose feature is nearest to the mean of its test inputs.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from logging import INFO, WARNING
 from typing import Any
@@ -41,7 +42,8 @@ def read_features(
         Valid replies to the feature query, in node order.
     known : Mapping[int, np.ndarray]
         The features already kept; their length is the common one (else the
-        first accepted reply's).
+        length most of these replies have: one reply answering first with another
+        length must not get every honest one rejected).
 
     Returns
     -------
@@ -51,12 +53,13 @@ def read_features(
     """
     found: dict[int, np.ndarray] = {}
     rejected = 0
-    common = next(iter(known.values()), None)
-    for msg in valid:
-        node = msg.metadata.src_node_id
-        metrics = msg.content.metric_records[p.METRICS]
-        feature = np.asarray(metrics.get(p.M_FEATURE_MEAN, []), dtype=np.float64)
-        size = feature.size if common is None else common.size
+    valid = list(valid)
+    features = {m.metadata.src_node_id: np.asarray(
+        m.content.metric_records[p.METRICS].get(p.M_FEATURE_MEAN, []), dtype=np.float64)
+        for m in valid}
+    size = (next(iter(known.values())).size if known
+            else _majority_length([f for f in features.values() if f.ndim == 1]))
+    for node, feature in features.items():
         if feature.ndim != 1 or feature.size != size or size == 0 or not np.all(
             np.isfinite(feature)
         ):
@@ -65,8 +68,13 @@ def read_features(
                 "finite vector of length %d", node, p.M_FEATURE_MEAN, size)
             continue
         found[node] = feature
-        common = feature
     return found, rejected
+
+
+def _majority_length(features: list[np.ndarray]) -> int:
+    """The length most ``features`` have (ties: the shorter; 0 when there are none)."""
+    counts = Counter(f.size for f in features)
+    return min(counts, key=lambda size: (-counts[size], size)) if counts else 0
 
 
 def cluster_features(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from fl_clusters import protocol as p
@@ -23,11 +23,17 @@ from fl_clusters.clustering import model_updates, weighted_average
 SHOWN_REASONS = 10
 
 
+# Why a reply's claims about its sender contradict the handshake, or None
+# (NodeRegistry.claim_problem): node id, the reply's metrics.
+ClaimCheck = Callable[[int, MetricRecord], str | None]
+
+
 def reply_problem(
     msg: Message,
     reference: ArrayRecord | None,
     fields: Mapping[str, p.MetricField],
     source: str | None = None,
+    claims: ClaimCheck | None = None,
 ) -> str | None:
     """Why ``msg`` cannot be used (one line), or ``None`` when it can.
 
@@ -44,6 +50,9 @@ def reply_problem(
         How the log names the sender (``node <id>`` when ``None``); a client
         error's whole text is logged under it once per distinct error
         (:func:`~fl_clusters.client_errors.show_once`).
+    claims : ClaimCheck | None
+        Checks a ``node-key`` or ``partition-id`` the reply carries against what
+        its node id registered (:meth:`~fl_clusters.handshake.NodeRegistry.claim_problem`).
     """
     if msg.has_error():
         return describe_error(msg.error.reason, source or f"node {msg.metadata.src_node_id}")
@@ -51,6 +60,8 @@ def reply_problem(
     if metrics is None:
         return f"no '{p.METRICS}' record"
     problem = p.check_metrics(metrics, fields)
+    if problem is None and claims is not None:
+        problem = claims(msg.metadata.src_node_id, metrics)
     if problem is not None or reference is None:
         return problem
     arrays = msg.content.array_records.get(p.ARRAYS)
@@ -65,6 +76,7 @@ def validate_replies(
     stage: str,
     fields: Mapping[str, p.MetricField],
     describe: Callable[[int], str] | None = None,
+    claims: ClaimCheck | None = None,
 ) -> tuple[list[Message], list[str]]:
     """Split ``replies`` into the usable ones and the reasons of the others, logging both.
 
@@ -80,7 +92,10 @@ def validate_replies(
         See :func:`reply_problem`.
     describe : Callable[[int], str] | None
         How the log names a node (``node <id>`` when ``None``), e.g.
-        :meth:`~fl_clusters.handshake.NodeRegistry.describe`.
+        :meth:`~fl_clusters.handshake.NodeRegistry.describe`: by the node id's
+        registered identity, never by what the reply claims.
+    claims : ClaimCheck | None
+        See :func:`reply_problem`.
 
     Returns
     -------
@@ -94,7 +109,7 @@ def validate_replies(
     for msg in replies:
         node = msg.metadata.src_node_id
         source = describe(node) if describe is not None else f"node {node}"
-        reason = reply_problem(msg, reference, fields, source)
+        reason = reply_problem(msg, reference, fields, source, claims)
         if reason is not None:
             reasons.append(f"{source}: {reason}")
             log(WARNING, "%s: rejected reply from %s: %s", stage, source, reason)
