@@ -25,6 +25,7 @@ from typing import Any
 from flwr.common.logger import log
 
 from fl_clusters.errors import ConfigurationError
+from fl_clusters.protocol import OPTIMIZERS
 from fl_clusters.strategies.base import ClusteredStrategy
 from fl_clusters.strategies.params import Param, ParamError
 from fl_clusters.strategies.registry import strategy_names
@@ -88,6 +89,10 @@ COMMON_KEYS: tuple[Param, ...] = (
     Param("local_steps", 10, "int", "local SGD steps tau (0 = use epochs)", low=0,
           key="local-steps"),
     Param("lr", 0.1, "float", "client SGD learning rate", low=0.0, key="lr"),
+    Param("optimizer", "sgd", "str",
+          "the built-in learner's optimizer, fresh each round as a user's train() makes it: "
+          "'sgd', 'sgd-momentum' (0.9) or 'adam' (lr is its step size)",
+          choices=OPTIMIZERS, key="optimizer"),
     Param("batch_size", 32, "int", "client mini-batch size", low=1, key="batch-size"),
     FRACTION_TRAIN,
     FRACTION_EVALUATE,

@@ -49,6 +49,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# Builds an optimizer on a model's parameters (a plug-in user's, or optimizer_for's).
+OptimizerFn = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def optimizer_for(name: str, lr: float) -> OptimizerFn | None:
+    """The optimizer a training task builds on its model's parameters, by name.
+
+    ``"sgd"`` gives ``None``: :meth:`TorchLearner.train`'s own plain SGD step.
+    ``"sgd-momentum"`` (momentum 0.9) and ``"adam"`` are the recipes of Flower's
+    quickstarts; like a user's ``train()`` they start fresh each task.
+    """
+    if name == "sgd":
+        return None
+    if name == "sgd-momentum":
+        return partial(torch.optim.SGD, lr=lr, momentum=0.9)
+    if name == "adam":
+        return partial(torch.optim.Adam, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; use 'sgd', 'sgd-momentum' or 'adam'")
+
+
 def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
     """One plain SGD step, ``p -= lr * p.grad``: what ``torch.optim.SGD(lr=lr).step()`` does.
 
@@ -230,7 +250,7 @@ class TorchLearner:
         proximal_centers: Sequence[tuple[ArrayRecord, float]] = (),
         seed: int = 0,
         sample_weights: np.ndarray | None = None,
-        optimizer_fn: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+        optimizer_fn: OptimizerFn | None = None,
     ) -> tuple[ArrayRecord, float]:
         """Run local SGD from ``arrays`` and return the trained arrays and mean loss.
 

@@ -55,6 +55,9 @@ CFG_LR = "lr"
 CFG_EPOCHS = "local-epochs"
 CFG_STEPS = "local-steps"
 CFG_BATCH = "batch-size"
+CFG_OPTIMIZER = "optimizer"
+# The built-in learner's optimizers (fl_clusters.learner.optimizer_for).
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam")
 CFG_PROX_MU = "proximal-mu"  # Flower's FedProx key
 CFG_RETURN = "return"  # "model" (default) or "gradient"
 CFG_PERSISTENT = "persistent-local"  # train the node's own kept model

@@ -135,6 +135,7 @@ def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
             p.CFG_EPOCHS: settings["local-epochs"],
             p.CFG_STEPS: settings["local-steps"],
             p.CFG_BATCH: settings["batch-size"],
+            p.CFG_OPTIMIZER: settings["optimizer"],
         }
     )
 

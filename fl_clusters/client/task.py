@@ -12,6 +12,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
+from fl_clusters.learner import optimizer_for
 
 LOCAL_MODEL = "local-model"  # key of the node's persistent model in context.state
 
@@ -80,6 +81,8 @@ def sgd_settings(config: ConfigRecord, context: Context) -> dict[str, Any]:
         "epochs": int(config.get(p.CFG_EPOCHS, 1)),
         "steps": int(config.get(p.CFG_STEPS, 0)),
         "seed": batch_seed(config, context),
+        "optimizer_fn": optimizer_for(str(config.get(p.CFG_OPTIMIZER, "sgd")),
+                                      float(config.get(p.CFG_LR, 0.1))),
     }
 
 

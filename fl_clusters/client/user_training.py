@@ -19,18 +19,17 @@ uses plain SGD at the server's ``lr``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context
 
+from fl_clusters.learner import OptimizerFn
+
 USER_TRAINING = "user-training"  # key of the record in context.state
 _OPTIMIZER, _STEPS, _HYPER = "optimizer", "steps", "hyper/"
 SGD = "SGD"  # the one optimizer the M-step rebuilds (the module docstring says why)
-
-OptimizerFn = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
 
 @dataclass(frozen=True)
