@@ -287,18 +287,26 @@ class NodeRegistry:
     def claim_problem(self, node: int, claims: Mapping[str, object]) -> str | None:
         """Why ``claims`` (a reply's metrics) contradict who ``node`` registered as, or ``None``.
 
-        A reply is from the node id Flower gives; a ``node-key`` or ``partition-id``
-        in it that differs from what that node id registered at the handshake is
-        refused, naming both.
+        A reply is from the node id Flower gives; a ``node-key`` in it that differs
+        from what that node id registered at the handshake is refused, naming both.
+        A ``partition-id`` that differs is no identity (a node's data can change
+        mid-run: tests/test_drift_moves.py); it is never believed either: results
+        file the node under its registered partition (:func:`partition_change`).
         """
-        registered = {p.M_NODE_KEY: self.keys.get(node),
-                      p.M_PARTITION_ID: self.partitions.get(node)}
-        for name, held in registered.items():
-            claimed = claims.get(name)
-            if claimed is not None and held is not None and claimed != held:
-                return (f"it claims {name} {claimed}, but the handshake registered {held} "
-                        f"for node {node}")
+        claimed, held = claims.get(p.M_NODE_KEY), self.keys.get(node)
+        if claimed is not None and held is not None and claimed != held:
+            return (f"it claims {p.M_NODE_KEY} {claimed}, but the handshake registered {held} "
+                    f"for node {node}")
         return None
+
+    def partition_change(self, node: int, claims: Mapping[str, object]) -> str | None:
+        """What to say when ``node``'s reply names another partition than it registered."""
+        claimed, held = claims.get(p.M_PARTITION_ID), self.partitions.get(node)
+        if claimed is None or held is None or claimed == held:
+            return None
+        return (f"{self.describe(node)} now reports {p.M_PARTITION_ID} {claimed}: its data "
+                f"changed since the handshake, or it claims another node's; it stays "
+                f"partition {held} in the results")
 
     def order(self, node: int) -> tuple[int, int, int]:
         """Sort key of ``node``: its stable key, then (for nodes without one) its id."""

@@ -92,9 +92,13 @@ def report_row(
         return None
     row = {key: metrics[key] for key in metrics}  # type: ignore[union-attr,index]
     row["node-id"] = node
-    # A plug-in app's report carries no partition-id; its handshake reply did.
+    change = strategy.nodes.partition_change(node, metrics)  # type: ignore[arg-type]
+    if change is not None:
+        log(WARNING, "report: %s", change)
+    # The handshake's partition, never the report's claim; a plug-in app's report
+    # carries none at all.
     partition = strategy.nodes.partitions.get(node)
-    if "partition-id" not in row and partition is not None:
+    if partition is not None:
         row["partition-id"] = partition
     row.update(placement_fields(reply))
     row["assigned"] = (

@@ -104,7 +104,7 @@ def test_a_later_identity_that_contradicts_the_registered_one_is_refused(
     assert "identity: partition 7: refused: it claims node-key 9" in caplog.text
 
 
-def test_a_train_reply_claiming_another_partition_is_rejected_and_logged_as_its_sender(
+def test_a_train_reply_claiming_another_key_is_rejected_and_logged_as_its_sender(
     server_identity: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     grid = ClaimingGrid({1: (1, 1), 2: (2, 2), 3: (3, 3), 4: (4, 4)})
@@ -116,14 +116,14 @@ def test_a_train_reply_claiming_another_partition_is_rejected_and_logged_as_its_
     for msg in requests:
         node = msg.metadata.dst_node_id
         reply = train_reply(msg, _model(float(node)), 10, 0 if node < 3 else 1)
-        if node == 2:  # node 2 says it is partition 1
-            reply.content.metric_records[p.METRICS][p.M_PARTITION_ID] = 1
+        if node == 2:  # node 2 says it is node 1 (its key)
+            reply.content.metric_records[p.METRICS][p.M_NODE_KEY] = 1
         replies.append(reply)
     with caplog.at_level(logging.WARNING):
         packed, _ = strategy.aggregate_train(1, replies)
     assert packed is not None
     assert strategy.rejected_replies == 1
-    assert ("rejected reply from partition 2: it claims partition-id 1, but the handshake "
+    assert ("rejected reply from partition 2: it claims node-key 1, but the handshake "
             "registered 2 for node 2") in caplog.text
     cluster0, cluster1 = p.unpack_clusters(packed)
     np.testing.assert_array_equal(cluster0["layer.bias"].numpy(), 1.0)  # node 1 alone

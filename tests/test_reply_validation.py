@@ -232,7 +232,7 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
     assert set(report_fields(2)) >= {"test-accuracy", "train-loss", "num-test"}
 
 
-def test_a_report_claiming_another_nodes_partition_is_left_out(
+def test_a_report_naming_another_partition_is_filed_under_its_own(
     server_identity: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     good = {"test-accuracy": [0.5, 0.9], "test-loss": [1.0, 0.2], "train-loss": [1.1, 0.3],
@@ -246,9 +246,15 @@ def test_a_report_claiming_another_nodes_partition_is_left_out(
     with caplog.at_level(logging.WARNING):
         rows, answered = collect_report(grid, strategy, packed, [1, 2], settings_)
     assert answered == {1, 2}
-    assert [(r["node-id"], r["partition-id"]) for r in rows] == [(1, 0)]
-    assert ("report: rejected reply from partition 1: it claims partition-id 0, but the "
-            "handshake registered 1 for node 2") in caplog.text
+    assert [(r["node-id"], r["partition-id"]) for r in rows] == [(1, 0), (2, 1)]
+    assert ("report: partition 1 now reports partition-id 0: its data changed since the "
+            "handshake, or it claims another node's; it stays partition 1 in the results"
+            ) in caplog.text
+    # Another node's key is an identity: that report is left out.
+    strategy.nodes.keys.update({1: 11, 2: 12})
+    grid = MeteredGrid(ReportGrid({1: good, 2: {**good, p.M_NODE_KEY: 11}}))  # type: ignore[arg-type]
+    rows, _ = collect_report(grid, strategy, packed, [1, 2], settings_)
+    assert [r["node-id"] for r in rows] == [1]
 
 
 def test_late_nodes_are_marked_in_the_report_rows() -> None:
