@@ -10,17 +10,22 @@ the quickstart's own train() (SGD, momentum 0.9) on the strategy's defaults, and
 every partition's best model (lowest training loss, as the wrapper chooses) must
 be its group's and score far above what one shared model can; a strategy that
 cannot give each group a model (FLDC: one global model, its DBSCAN clusters only
-choose whom to sample) must say so at its start instead. ``pytest -k plugin_groups`` selects these.
+choose whom to sample) must say so at its start instead. WeCFL, over five seeds,
+must also keep the groups it found to the last round (issue 58: a fresh k-means
+every round once turned a found 3 + 3 into 1 + 5 for good, without a word).
+``pytest -k plugin_groups`` selects these.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Message
 from sklearn.metrics import adjusted_rand_score
 
 from benchmarks.plugin_quickstart import (
@@ -30,6 +35,8 @@ from benchmarks.plugin_quickstart import (
     run_app,
     write_app,
 )
+from fl_clusters import protocol as p
+from fl_clusters.loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 
@@ -64,6 +71,48 @@ def test_plugged_strategy_finds_the_groups_in_the_quickstart(
     # Every partition is served (FedAvg leaves one group near 0) and the mean is far
     # above FedAvg's.
     assert min(accuracy) >= 0.5 and np.mean(accuracy) >= FEDAVG_MEAN + 0.15, accuracy
+
+
+def _record_assignments(monkeypatch: pytest.MonkeyPatch) -> dict[int, dict[int, int]]:
+    """Per round, each partition's cluster as the server's train messages name it."""
+    rounds: dict[int, dict[int, int]] = {}
+    push = LoopbackGrid.push_messages
+
+    def recording(grid: LoopbackGrid, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        for message in messages:
+            config = message.content.config_records.get(p.CONFIG)
+            if message.metadata.message_type == "train" and config is not None:
+                partition = grid.contexts[message.metadata.dst_node_id].node_config[
+                    "partition-id"]
+                rounds.setdefault(int(config[p.CFG_ROUND]), {})[int(partition)] = int(
+                    config.get(p.CFG_ASSIGNED, -1))
+        return push(grid, messages)
+
+    monkeypatch.setattr(LoopbackGrid, "push_messages", recording)
+    return rounds
+
+
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow)
+                                      for s in range(1, 5))])
+def test_plugged_wecfl_keeps_the_groups_it_found_to_the_last_round(
+    seed: int, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.set_num_threads(1)
+    caplog.set_level(logging.WARNING)
+    rounds = _record_assignments(monkeypatch)
+    folder = write_app(tmp_path, plugged_diffs("WeCFL"))
+    config = {**QUICKSTART_CONFIG, "num-server-rounds": ROUNDS, "validation-fraction": 0.2}
+    outcome = run_app(folder, NODES, config, seed=seed)
+    # Round r's messages carry the clusters round r - 1 found; the last round's
+    # clusters are the saved models each partition chooses.
+    clustered = [[rounds[r][i] for i in range(NODES)] for r in range(2, ROUNDS + 1)]
+    partitions = [*clustered, outcome.chosen]
+    assert all(adjusted_rand_score(outcome.groups, row) == 1.0 for row in partitions), (
+        partitions, caplog.text)
+    assert "WeCFL k-means moved" not in caplog.text
+    assert min(outcome.accuracy) >= 0.5, outcome.accuracy
 
 
 def test_fedsoft_plugs_in_with_the_documented_proximal_recipe(tmp_path: Path) -> None:

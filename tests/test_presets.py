@@ -317,6 +317,9 @@ PAPER_DIGESTS = {
     "FedSoft": (2, "ea3098fb73e0"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),
+    # Revision 1: the declared rule (anchored_kmeans) is new, and preset="paper" runs
+    # the fresh k-means of every round it always ran.
+    "WeCFL": (1, "ca9111eac116"),
 }
 
 

@@ -315,7 +315,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         valid = []
         # A client offered a single model reports no cluster-id: it can only be 0.
         missing = 0 if self.num_clusters == 1 else -1
-        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.MetricField(integer=True, required=False)}
+        fields = {**p.TRAIN_FIELDS, p.M_CLUSTER: p.cluster_id_field(self.num_clusters)}
         for msg in self.check_replies(replies, reference, "aggregate_train", fields,
                                       trains=True):
             cluster = int(msg.content.metric_records[p.METRICS].get(p.M_CLUSTER, missing))  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
 
 from fl_clusters.clustering import flatten_models, initial_kmeans
+from fl_clusters.clustering.anchored_kmeans import UNCLUSTERED, anchored_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
 from fl_clusters.strategies.behaviours import Behaviour
 from fl_clusters.strategies.hard import HardClusteredStrategy
@@ -27,14 +28,18 @@ class WeCFL(HardClusteredStrategy):
     (the k-means centre), the alternation analysed by Ma et al. as a weighted
     k-means objective.
 
-    Round 1 has no cluster models yet: all nodes train the initial model. Every
-    round, as in the authors' algorithm, a fresh weighted k-means (``n_init``
-    k-means++ starts, the lowest weighted inertia wins) clusters the trained
-    models, so a node whose model drifts to another group moves there. From
-    round 2 the fresh clusters are matched one to one to the current cluster
-    models (Hungarian algorithm on centre distances), so cluster j keeps serving
-    the nodes model j served and a relabelling is not a move;
-    ``reassigned_per_round`` counts the nodes that changed cluster. A node that
+    Round 1 has no cluster models yet: all nodes train the initial model, and a
+    weighted k-means (``n_init`` k-means++ starts, the lowest weighted inertia
+    wins) clusters the trained models. From round 2 the k-means starts from the
+    partition found (``anchored_kmeans``): Lloyd's iterations from each
+    cluster's weighted mean of its members' trained models, so a node moves only
+    when its trained model lies nearer another cluster's centre, and cluster j
+    keeps its number. Under ``preset="paper"`` every round runs the authors'
+    fresh k-means instead, its clusters matched one to one to the current
+    cluster models (Hungarian algorithm on centre distances) so that a
+    relabelling is not a move; a fresh start may settle on another local
+    optimum than the groups found. Every move is logged as a warning naming the
+    node and its clusters; ``reassigned_per_round`` counts them. A node that
     is not sampled keeps its cluster and is represented in the k-means by its
     cluster's model, weighted by its data size (as last reported): a round that
     samples only some groups does not split one of them to fill the clusters of
@@ -48,13 +53,16 @@ class WeCFL(HardClusteredStrategy):
     num_clusters : int
         k, the number of cluster models, >= 1.
     n_init : int (default: 10)
-        k-means++ starts of the first clustering, >= 1.
+        k-means++ starts of the first clustering (of every round's under
+        ``preset="paper"``), >= 1.
     **kwargs
         The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
     """
 
     name = "wecfl"
     paper = "Ma, Long, Zhou, Jiang, Zhang, 2022"
+    # 2: from round 2 the k-means starts from the partition found (anchored_kmeans).
+    robust_revision = 2
     params = (
         num_clusters_param(REQUIRED),
         Param("n_init", 10, "int", "WeCFL: k-means++ starts of the first k-means", low=1,
@@ -81,6 +89,18 @@ class WeCFL(HardClusteredStrategy):
             "is what k-means would next judge it by",
             "Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): every client "
             "takes part from round 1", switch=False),
+        Behaviour(
+            "anchored_kmeans",
+            "every round a fresh weighted k-means (k-means++ starts, the lowest weighted "
+            "inertia wins) clusters the trained models",
+            "from round 2 the k-means starts from the partition found: Lloyd's iterations "
+            "from each cluster's mean of its members' trained models, so a node moves only "
+            "when its trained model lies nearer another cluster's centre",
+            "with momentum SGD on labels that conflict, a fresh k-means can find a lower "
+            "inertia by splitting one group by the size of its updates: in Flower's "
+            "quickstart a found 3 + 3 split became 1 + 5 and stayed so (issue 58)",
+            "Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): k-means over "
+            "the client models in every round"),
     )
 
     def __init__(self, num_clusters: int, *, n_init: int = 10, **kwargs: Any) -> None:
@@ -111,22 +131,11 @@ class WeCFL(HardClusteredStrategy):
             self.clustering_round = server_round
             models = [self._models[0]] * self.num_clusters
         else:
-            centers = flatten_models(
-                [[model[n].numpy() for n in names] for model in self._models]
-            )
-            absent = self._absent_sizes({m.metadata.src_node_id for m in trained})
-            stand_ins = [j for j in range(self.num_clusters) if absent[j] > 0]
-            labels = recluster_kmeans(
-                np.vstack([points, centers[stand_ins]]),
-                np.concatenate([weights, absent[stand_ins]]),
-                centers, self.n_init, self.seed,
-            )[: len(trained)]
+            labels = self._recluster(points, weights, trained, names)
             models = list(self._models)
+        moved = self._log_moves(server_round, trained, labels)
         groups: dict[int, list[Message]] = {}
-        moved = 0
         for msg, label in zip(trained, labels, strict=True):
-            node = msg.metadata.src_node_id
-            moved += int(node in self.assignments and self.assignments[node] != label)
             groups.setdefault(int(label), []).append(msg)
         self.reassigned.append(moved)
         log(INFO, "round %d: WeCFL k-means: %d trained models in clusters %s, %d moved",
@@ -134,6 +143,41 @@ class WeCFL(HardClusteredStrategy):
         packed, metrics = self.aggregate_clusters(models, groups)
         metrics["reassigned"] = moved
         return packed, metrics
+
+    def _recluster(
+        self, points: np.ndarray, weights: np.ndarray, trained: list[Message], names: list[str]
+    ) -> np.ndarray:
+        """The cluster of every trained model after the first clustering round.
+
+        Each cluster with members that did not train enters as its model, weighted
+        by their data sizes; the k-means starts from the partition found
+        (``anchored_kmeans``) or, the authors' rule, afresh.
+        """
+        centers = flatten_models([[model[n].numpy() for n in names] for model in self._models])
+        absent = self._absent_sizes({m.metadata.src_node_id for m in trained})
+        stand_ins = [j for j in range(self.num_clusters) if absent[j] > 0]
+        every_point = np.vstack([points, centers[stand_ins]])
+        every_weight = np.concatenate([weights, absent[stand_ins]])
+        if self.anchored_kmeans:
+            current = [self.assignments.get(m.metadata.src_node_id, UNCLUSTERED) for m in trained]
+            labels = anchored_kmeans(every_point, every_weight,
+                                     np.array(current + stand_ins, dtype=np.int64), centers)
+        else:
+            labels = recluster_kmeans(every_point, every_weight, centers, self.n_init, self.seed)
+        return labels[: len(trained)]
+
+    def _log_moves(self, server_round: int, trained: list[Message], labels: np.ndarray) -> int:
+        """Warn of every node the k-means moved to another cluster, by name; their count."""
+        moves = [
+            f"{self.nodes.describe(node)} (cluster {self.assignments[node]} -> {int(label)})"
+            for msg, label in zip(trained, labels, strict=True)
+            if (node := msg.metadata.src_node_id) in self.assignments
+            and self.assignments[node] != label
+        ]
+        if moves:
+            log(WARNING, "round %d: WeCFL k-means moved %d node(s) to another cluster: %s",
+                server_round, len(moves), ", ".join(moves))
+        return len(moves)
 
     def _absent_sizes(self, trained: set[int]) -> np.ndarray:
         """Per cluster, the data size of its members that did not train this round."""
@@ -153,6 +197,8 @@ class WeCFL(HardClusteredStrategy):
 
     def summary(self) -> None:
         """Log WeCFL's settings."""
-        log(INFO, "\t├──> WeCFL: k=%d | first k-means: %d k-means++ starts",
-            self.num_clusters, self.n_init)
+        log(INFO, "\t├──> WeCFL: k=%d | first k-means: %d k-means++ starts | later rounds: %s",
+            self.num_clusters, self.n_init,
+            "k-means from the partition found" if self.anchored_kmeans
+            else "fresh k-means (the authors' rule)")
         super().summary()
