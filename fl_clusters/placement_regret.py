@@ -25,8 +25,8 @@ from scipy.optimize import linear_sum_assignment
 # Issue 58's bar: a client whose regret exceeds 0.1 (ten points of test accuracy)
 # lost more to its placement than seeds and sampling move a run's accuracy.
 REGRET_THRESHOLD = 0.1
-# A wrong placement is only worth a warning once it held: a client that moved in
-# its last few evaluated rounds may still be on its way to the right cluster.
+# A wrong placement held when its client used that cluster for this many evaluated
+# rounds in a row; one that moved more recently may still be on its way (both warned).
 PERSISTENT_ROUNDS = 3
 # Evaluated rounds a clustering must keep (up to relabelling) before a change of
 # it counts as undoing a settled clustering rather than the clustering forming.
@@ -35,6 +35,8 @@ STABLE_ROUNDS = 3
 MAX_NAMED = 10
 PLACEMENT_FIX = ("let clients choose their cluster on held-out data, warm up longer before "
                  "clustering, or check num-clusters")
+OWN_MODEL_FIX = ("evaluate them on their cluster's model, or give their own models more "
+                 "rounds to catch up")
 STABILITY_FIX = ("unless their data drifted, the clustering is not settled: check num-clusters "
                  "and the strategy's clustering threshold, or warm up longer before clustering")
 
@@ -113,7 +115,7 @@ def placement_fields(
     best, regret = placement_regret(accuracy, personal)
     used = history[0] if history is not None else {}
     clients = [client_id(row) for row in rows]
-    warn_persistent_regret(rows, best, regret, used)
+    warn_costly_placements(rows, best, regret, used)
     return {
         "placement_regret": [float(value) for value in regret],
         "best_cluster": [int(cluster) for cluster in best],
@@ -138,35 +140,46 @@ def rounds_in_cluster(used: Mapping[int, Mapping[int, int]], node: int, cluster:
     return held
 
 
-def warn_persistent_regret(
+def warn_costly_placements(
     rows: Sequence[Mapping[str, Any]], best: np.ndarray, regret: np.ndarray,
     used: Mapping[int, Mapping[int, int]],
 ) -> list[str]:
-    """Warn, a line per (cluster, better cluster), of clients placed wrong for a while.
+    """Warn of every client whose regret exceeds :data:`REGRET_THRESHOLD`, by name.
 
-    A client counts when its regret exceeds :data:`REGRET_THRESHOLD`, its best
-    cluster is another than its own, and its last :data:`PERSISTENT_ROUNDS`
-    evaluated rounds or more used the cluster it ends in. A client whose own
-    cluster is its best (a FedSoft or FedEM model of its own trailing it) lost
-    nothing to placement: the summary lists it, no line names it. Returns the
-    lines logged.
+    One line per (cluster, better cluster, case): clients that sat in their cluster
+    for their last :data:`PERSISTENT_ROUNDS` evaluated rounds or more (a placement
+    that held), clients that joined it more recently (it may still be settling),
+    and clients whose own model (FedSoft's, FedEM's mixture) trails the cluster
+    model they are assigned. Returns the lines logged.
     """
-    groups: dict[tuple[int, int], list[tuple[str, float, int]]] = {}
+    groups: dict[tuple[int, int, str], list[tuple[str, float, int]]] = {}
     for row, cluster, value in zip(rows, best, regret, strict=True):
+        if value <= REGRET_THRESHOLD:
+            continue
         assigned = int(row["assigned"])
         held = rounds_in_cluster(used, int(row["node-id"]), assigned)
-        if value > REGRET_THRESHOLD and cluster != assigned and held >= PERSISTENT_ROUNDS:
-            groups.setdefault((assigned, int(cluster)), []).append(
-                (client_name(client_id(row)), float(value), held))
+        case = ("own" if cluster == assigned
+                else "held" if held >= PERSISTENT_ROUNDS else "recent")
+        groups.setdefault((assigned, int(cluster), case), []).append(
+            (client_name(client_id(row)), float(value), held))
     lines = []
-    for (assigned, better), clients in sorted(groups.items()):
-        lines.append(
-            f"placement regret: {listed([name for name, _, _ in clients])} sat in cluster "
-            f"{assigned} for at least their last {min(held for _, _, held in clients)} "
-            f"evaluated rounds while cluster {better}'s model scores "
-            f"{listed([f'+{value:.2f}' for _, value, _ in clients])} over theirs on their test "
-            f"data (above {REGRET_THRESHOLD}); {PLACEMENT_FIX}"
-        )
+    for (assigned, better, case), clients in sorted(groups.items()):
+        # Every client is named, however many: the warning is the record of who lost.
+        names = listed([name for name, _, _ in clients], len(clients))
+        gains = listed([f"+{value:.2f}" for _, value, _ in clients], len(clients))
+        fewest = min(held for _, _, held in clients)
+        where = {
+            "held": f"{names} sat in cluster {assigned} for at least their last {fewest} "
+                    f"evaluated rounds while cluster {better}'s model scores {gains} over theirs",
+            "recent": f"{names} ended in cluster {assigned}, joined in their last {fewest} "
+                      f"evaluated round(s), while cluster {better}'s model scores {gains} over "
+                      f"theirs",
+            "own": f"{names} use a model of their own that cluster {assigned}'s, their "
+                   f"cluster's, beats by {gains}",
+        }[case]
+        fix = (OWN_MODEL_FIX if case == "own" else PLACEMENT_FIX)
+        lines.append(f"placement regret: {where} on their test data (above "
+                     f"{REGRET_THRESHOLD}); {fix}")
         log(WARNING, "%s", lines[-1])
     return lines
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from fl_clusters.client_app import build_client_app
 from fl_clusters.config import parse_run_config
 from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.placement_regret import (
+    MAX_NAMED,
     PERSISTENT_ROUNDS,
     REGRET_THRESHOLD,
     STABLE_ROUNDS,
@@ -25,8 +27,8 @@ from fl_clusters.placement_regret import (
     partition_moves,
     placement_fields,
     placement_regret,
+    warn_costly_placements,
     warn_if_clustering_broke,
-    warn_persistent_regret,
 )
 from fl_clusters.plots import ASSIGNMENT_PLOT, plot_assignment_map
 from fl_clusters.results import print_summary, write_plugin_results
@@ -102,27 +104,48 @@ def test_one_line_per_cluster_names_every_client_it_holds(flwr_warnings) -> None
     history = held_for(PERSISTENT_ROUNDS, {100: 0, 101: 1, 102: 1, 103: 1})
     best, regret = placement_regret(np.array([r["test-accuracy"] for r in rows]),
                                     [0.9, 0.8, 0.45, 0.3])
-    lines = warn_persistent_regret(rows, best, regret, history)
+    lines = warn_costly_placements(rows, best, regret, history)
     assert len(lines) == 1
     assert "partition 2, partition 3 sat in cluster 1" in lines[0]
     assert "+0.40, +0.65" in lines[0]
 
 
-def test_no_warning_when_the_placement_changed_recently(flwr_warnings) -> None:
+def test_a_placement_that_changed_recently_is_named_as_recent(flwr_warnings) -> None:
     history = held_for(PERSISTENT_ROUNDS + 1, {100: 0, 101: 1, 102: 0})
     # Moved to cluster 1 only for the last rounds: it may still be settling.
     for r in range(PERSISTENT_ROUNDS, PERSISTENT_ROUNDS + 2):
         history[r] = {100: 0, 101: 1, 102: 1}
     placement_fields(ROWS, PERSONAL, (history, {}))
-    assert not flwr_warnings.records
+    (line,) = [r.getMessage() for r in flwr_warnings.records]
+    assert "partition 2 ended in cluster 1, joined in their last 2 evaluated round(s)" in line
+    assert "cluster 0's model scores +0.40" in line
 
 
-def test_no_warning_when_the_clients_own_cluster_is_its_best(flwr_warnings) -> None:
-    # A FedSoft client whose own model trails its own cluster's: not a placement cost.
+def test_a_clients_own_model_trailing_its_cluster_is_named_with_its_fix(flwr_warnings) -> None:
+    # A FedSoft client whose own model trails its own cluster's.
     rows = [row(100, [0.9, 0.2], 0), row(101, [0.3, 0.8], 1)]
     fields = placement_fields(rows, [0.9, 0.5], (held_for(5, {100: 0, 101: 1}), {}))
     assert fields["clients_with_regret_above_threshold"] == [{"partition_id": 1, "node_id": 101}]
-    assert not flwr_warnings.records
+    (line,) = [r.getMessage() for r in flwr_warnings.records]
+    assert ("partition 1 use a model of their own that cluster 1's, their cluster's, "
+            "beats by +0.30") in line
+    assert "evaluate them on their cluster's model" in line
+
+
+def test_every_client_above_the_threshold_is_named_in_a_warning(flwr_warnings) -> None:
+    rng = np.random.default_rng(0)
+    # More clients in one group than a log line usually names (MAX_NAMED).
+    rows = [row(100 + i, rng.uniform(0, 1, 2).round(2).tolist(), int(rng.integers(2)))
+            for i in range(60)]
+    personal = [r["test-accuracy"][r["assigned"]] for r in rows]
+    history = {r: {100 + i: int(rng.integers(2)) for i in range(60)} for r in range(1, 4)}
+    history[4] = {r["node-id"]: r["assigned"] for r in rows}
+    fields = placement_fields(rows, personal, (history, {}))
+    text = " ".join(r.getMessage() for r in flwr_warnings.records)
+    above = fields["clients_with_regret_above_threshold"]
+    assert len(above) > MAX_NAMED
+    for client in above:
+        assert re.search(rf"partition {client['partition_id']}\b", text)
 
 
 def test_no_warning_when_the_regret_is_below_the_threshold(flwr_warnings) -> None:
