@@ -128,16 +128,22 @@ def build_configured_strategy(settings: Mapping[str, Any]) -> ServerStrategy:
 
 
 def train_config(settings: Mapping[str, Any]) -> ConfigRecord:
-    """The per-round training config every strategy sends to the clients."""
-    return ConfigRecord(
+    """The per-round training config every strategy sends to the clients.
+
+    ``optimizer`` travels only when it is not plain SGD, the protocol's default:
+    a run that keeps SGD sends the same bytes as before the key existed.
+    """
+    config = ConfigRecord(
         {
             p.CFG_LR: settings["lr"],
             p.CFG_EPOCHS: settings["local-epochs"],
             p.CFG_STEPS: settings["local-steps"],
             p.CFG_BATCH: settings["batch-size"],
-            p.CFG_OPTIMIZER: settings["optimizer"],
         }
     )
+    if settings["optimizer"] != "sgd":
+        config[p.CFG_OPTIMIZER] = settings["optimizer"]
+    return config
 
 
 def initial_arrays(settings: Mapping[str, Any]) -> ArrayRecord:

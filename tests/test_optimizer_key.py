@@ -41,6 +41,8 @@ def test_the_key_is_validated_and_sent_with_every_training_task() -> None:
     settings = parse_run_config({"optimizer": "adam", "lr": 0.001})
     config = train_config(settings)
     assert config[p.CFG_OPTIMIZER] == "adam"
+    # Plain SGD, the protocol's default, is not sent at all.
+    assert p.CFG_OPTIMIZER not in train_config(parse_run_config({}))
     context = Context(run_id=1, node_id=7, node_config={"partition-id": 0},
                       state=RecordDict(), run_config={})
     built = sgd_settings(ConfigRecord(dict(config)), context)["optimizer_fn"]

@@ -311,7 +311,8 @@ PAPER_DIGESTS = {
     "ACFL": (2, "3215aa7feea8"),
     "AWCFLOption": (2, "55cd70db821b"),
     "CFL": (2, "6efde5a95179"),
-    "FLDC": (2, "3c1e803095c9"),
+    # Revision 3: DBSCAN decides the knee pair, at exactly eps, the same on every machine.
+    "FLDC": (3, "3c1e803095c9"),
     "FLHC": (1, "25f86a6e2248"),
     "FedEM": (1, "5be69a31061e"),
     "FedSoft": (2, "ea3098fb73e0"),

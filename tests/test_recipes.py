@@ -133,8 +133,7 @@ def test_the_server_app_runs_the_recipe_and_records_it_in_the_summary(tmp_path: 
     assert recipe["kept"]["num-rounds"]["value"] == 2
     assert recipe["kept"]["num-rounds"]["paper"] == 50
     # What the clients were told to train with is the paper's.
-    assert dict(sent[0]) == {"lr": 0.01, "local-epochs": 5, "local-steps": 0, "batch-size": 64,
-                             "optimizer": "sgd"}
+    assert dict(sent[0]) == {"lr": 0.01, "local-epochs": 5, "local-steps": 0, "batch-size": 64}
 
 
 def _paper_cells() -> list[tuple[str, Any]]:

@@ -10,6 +10,7 @@ from scipy.spatial.distance import squareform
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import silhouette_score
 
+from fl_clusters.clustering.margins import check_margin
 from fl_clusters.clustering.similarity import _finite_matrix, pairwise_cosine, update_norms
 
 
@@ -113,11 +114,14 @@ def should_split(mean_norm: float, max_norm: float, eps1: float, eps2: float) ->
     Returns
     -------
     bool
-        ``mean_norm < eps1 and max_norm > eps2``.
+        ``mean_norm < eps1 and max_norm > eps2``; either comparison closer than
+        ``TIE_TOLERANCE`` (relative) is logged as a tie.
     """
     for name, value in (("eps1", eps1), ("eps2", eps2)):
         if not value >= 0.0:
             raise ValueError(f"{name}={value} is outside [0, inf)")
+    check_margin("CFL norm test: mean norm < eps1", mean_norm, eps1)
+    check_margin("CFL norm test: max norm > eps2", max_norm, eps2)
     return bool(mean_norm < eps1 and max_norm > eps2)
 
 
@@ -145,6 +149,9 @@ class CFLSplitDecision:
     refusal : str
         Why the cluster did not split, in words for the log (the first test
         that refused it); empty when it splits.
+    margin : float
+        Smallest margin of the cross-similarity and group-silhouette tests that
+        decided (absolute, both lie in [-1, 1]); inf when neither decided.
     """
 
     split: bool
@@ -154,6 +161,7 @@ class CFLSplitDecision:
     max_cross_similarity: float
     structure_score: float = np.nan
     refusal: str = ""
+    margin: float = np.inf
 
 
 # The authors split only clusters of more than two: a split of two would leave two
@@ -217,8 +225,24 @@ def decide_cfl_split(
     return CFLSplitDecision(
         split=not refusal, labels=np.zeros(count, dtype=np.int64) if refusal else labels,
         mean_norm=mean_norm, max_norm=max_norm, max_cross_similarity=max_cross,
-        structure_score=structure, refusal=refusal,
+        structure_score=structure, refusal=refusal, margin=_split_margin(
+            max_cross if norms_qualify and count >= MIN_SPLIT_MEMBERS else np.nan, gamma_max,
+            structure, min_structure),
     )
+
+
+def _split_margin(
+    max_cross: float, gamma_max: float, structure: float, min_structure: float
+) -> float:
+    """Smallest absolute margin of the split tests that decided (NaN: did not), ties logged."""
+    margins = [np.inf]
+    if not np.isnan(max_cross):
+        margins.append(check_margin("CFL split: cross similarity < gamma_max", max_cross,
+                                    gamma_max, scale=1.0))
+    if not np.isnan(structure):
+        margins.append(check_margin("CFL split: group silhouette >= min_structure", structure,
+                                    min_structure, scale=1.0))
+    return float(min(margins))
 
 
 def _split_refusal(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.cluster import DBSCAN
 from sklearn.metrics import silhouette_score
-from sklearn.neighbors import NearestNeighbors
 
+from fl_clusters.clustering.margins import TIE_TOLERANCE, pairwise_euclidean, warn_tie
 from fl_clusters.clustering.similarity import _finite_matrix
 
 EPS_METHODS = ("knee", "silhouette")
@@ -36,9 +36,60 @@ def k_distance_curve(points: np.ndarray, k: int) -> np.ndarray:
         raise ValueError(
             f"k={k} is outside [1, {matrix.shape[0] - 1}] for {matrix.shape[0]} points"
         )
-    # kneighbors() without a query excludes each point from its own neighbours.
-    distances, _ = NearestNeighbors(n_neighbors=k).fit(matrix).kneighbors()
-    return np.sort(distances[:, k - 1].astype(np.float64))
+    return _k_distances(pairwise_euclidean(matrix), k)
+
+
+def _k_distances(distances: np.ndarray, k: int) -> np.ndarray:
+    """:func:`k_distance_curve` from the (N, N) distance matrix DBSCAN is given."""
+    # Each row sorted holds the point's own 0 first among its zeros, so entry k is
+    # the k-th nearest other point, copies of the point included.
+    return np.sort(np.sort(distances, axis=1)[:, k])
+
+
+def clear_radius(
+    eps: float, distances: np.ndarray, tolerance: float = TIE_TOLERANCE
+) -> tuple[float, float]:
+    """The radius DBSCAN compares with: ``eps``'s neighbourhoods, away from every distance.
+
+    The knee (and a silhouette candidate at a quantile end) is itself a pairwise
+    distance, and another pair may lie an ulp from it: ``distance <= eps`` then
+    follows the rounding of the machine. Distances within ``tolerance`` (relative)
+    above ``eps`` count as equal to it, thus within (``<=``), and the radius is
+    the midpoint of the gap between the largest distance counted in and the
+    smallest left out. An ``eps`` already clear of every distance is kept.
+
+    Parameters
+    ----------
+    eps : float
+        The chosen eps, >= 0.
+    distances : np.ndarray
+        Every pairwise distance, >= 0.
+    tolerance : float (default: TIE_TOLERANCE)
+        Relative margin below which a distance counts as a tie.
+
+    Returns
+    -------
+    tuple[float, float]
+        ``(radius, margin)``: the radius, > 0, and the relative margin of the
+        distance nearest to it, ``min |d - radius| / radius``. A margin below
+        ``tolerance`` (distances packed closer than it around eps) is logged
+        as a tie.
+    """
+    values = np.unique(np.asarray(distances, dtype=np.float64))
+    radius = float(eps)
+    if radius > 0.0 and values.size and np.min(np.abs(values - radius)) >= tolerance * radius:
+        return radius, float(np.min(np.abs(values - radius)) / radius)
+    inside = values[values <= radius * (1.0 + tolerance)]
+    outside = values[values > radius * (1.0 + tolerance)]
+    lower = float(inside[-1]) if inside.size else 0.0
+    # With no distance above, any radius beyond the largest keeps every pair in.
+    upper = float(outside[0]) if outside.size else 2.0 * max(lower, radius)
+    # DBSCAN rejects 0, which all-equal points give: the smallest positive float
+    # keeps "distance <= radius" meaning "identical".
+    radius = max((lower + upper) / 2.0, float(np.finfo(np.float64).tiny))
+    margin = float(np.min(np.abs(values - radius)) / radius) if values.size else np.inf
+    warn_tie("FLDC DBSCAN neighbourhood (distance <= eps)", lower, radius, margin, tolerance)
+    return radius, margin
 
 
 def knee_eps(curve: np.ndarray) -> float:
@@ -85,7 +136,8 @@ def knee_eps(curve: np.ndarray) -> float:
 
 
 def silhouette_eps(
-    points: np.ndarray, min_samples: int, candidates: np.ndarray
+    points: np.ndarray, min_samples: int, candidates: np.ndarray,
+    distances: np.ndarray | None = None,
 ) -> tuple[float | None, np.ndarray]:
     """The eps of ``candidates`` whose DBSCAN clustering has the best silhouette.
 
@@ -103,13 +155,18 @@ def silhouette_eps(
     min_samples : int
         DBSCAN's MinPts, >= 2.
     candidates : np.ndarray
-        (C,) eps values to try, each > 0.
+        (C,) eps values to try, each > 0; DBSCAN compares with each one's
+        :func:`clear_radius`.
+    distances : np.ndarray or None (default: None)
+        (N, N) distances of ``points`` (:func:`~fl_clusters.clustering.margins.
+        pairwise_euclidean`), when the caller has them already.
 
     Returns
     -------
     tuple
         ``(eps, scores)``: the best candidate (``None`` if none gave two clusters)
-        and every candidate's score (NaN for none).
+        and every candidate's score (NaN for none). Two different best scores
+        closer than ``TIE_TOLERANCE`` are logged as a tie.
     """
     matrix = _finite_matrix("points", points)
     grid = np.asarray(candidates, dtype=np.float64)
@@ -117,19 +174,40 @@ def silhouette_eps(
         raise ValueError(f"min_samples={min_samples} is outside [2, inf)")
     if grid.ndim != 1 or grid.size == 0 or not np.all(np.isfinite(grid) & (grid > 0)):
         raise ValueError("candidates must be a non-empty 1-D array of eps values > 0")
+    table = pairwise_euclidean(matrix) if distances is None else distances
+    pairs = table[np.triu_indices(table.shape[0], 1)]
     scores = np.full(grid.size, np.nan)
     for i, eps in enumerate(grid):
-        labels = DBSCAN(eps=float(eps), min_samples=min_samples).fit(matrix).labels_
+        radius, _ = clear_radius(float(eps), pairs)
+        labels = DBSCAN(eps=radius, min_samples=min_samples, metric="precomputed").fit(
+            table).labels_
         clustered = labels >= 0
         # Silhouette needs 2 <= clusters <= points - 1 among the clustered points.
         if 2 <= np.unique(labels[clustered]).size < np.count_nonzero(clustered):
             # Weighted by the share of points clustered: the silhouette of the
             # clustered points alone rewards a small eps that calls most points noise.
             share = float(clustered.mean())
-            scores[i] = silhouette_score(matrix[clustered], labels[clustered]) * share
+            scores[i] = _silhouette(table, labels) * share
     if np.all(np.isnan(scores)):
         return None, scores
+    _report_score_tie(scores)
     return float(grid[int(np.nanargmax(scores))]), scores
+
+
+def _report_score_tie(scores: np.ndarray) -> None:
+    """Warn when the two best distinct silhouette scores are a tie (absolute margin)."""
+    # Equal clusterings score bit-equal (one distance matrix): only distinct ones tie.
+    best = np.unique(scores[~np.isnan(scores)])[::-1][:2]
+    if best.size == 2:
+        warn_tie("FLDC silhouette choice of eps (best against second best score)",
+                 float(best[1]), float(best[0]), float(best[0] - best[1]))
+
+
+def _silhouette(distances: np.ndarray, labels: np.ndarray) -> float:
+    """Silhouette of the clustered points (label >= 0) from the precomputed distances."""
+    clustered = labels >= 0
+    within = distances[np.ix_(clustered, clustered)]
+    return float(silhouette_score(within, labels[clustered], metric="precomputed"))
 
 
 class DensityClustering:
@@ -163,7 +241,15 @@ class DensityClustering:
     labels_ : np.ndarray
         (N,) int cluster labels, -1 for noise.
     eps_ : float
-        Radius used.
+        The eps given or chosen (the knee's k-distance, a silhouette candidate).
+    radius_ : float
+        The radius DBSCAN compared distances with: ``eps_`` moved off the pairwise
+        distances into the middle of the gap around it (:func:`clear_radius`),
+        so ``distance <= eps`` does not follow rounding noise; distances within
+        ``TIE_TOLERANCE`` (relative) above ``eps_`` count as within it.
+    eps_margin_ : float
+        Relative margin of that decision: ``min |d - radius_| / radius_`` over
+        the pairwise distances d.
     num_clusters_ : int
         Number of clusters found (noise excluded).
     num_noise_ : int
@@ -239,20 +325,15 @@ class DensityClustering:
             self._centre = wide.mean(axis=0)[self._varying]
             self._scale = spread[self._varying]
         matrix = self._scaled(matrix)
-        self.k_distances_ = k_distance_curve(matrix, self.min_samples - 1)
-        eps = self.eps if self.eps is not None else knee_eps(self.k_distances_)
-        self.eps_scores_ = np.zeros(0)
-        if self.eps is None and self.eps_method == "silhouette":
-            positive = self.k_distances_[self.k_distances_ > 0]
-            if positive.size:
-                candidates = np.unique(np.quantile(positive,
-                                                   np.linspace(0, 1, self.num_candidates)))
-                best, self.eps_scores_ = silhouette_eps(matrix, self.min_samples, candidates)
-                eps = best if best is not None else eps
-        # DBSCAN rejects eps = 0, which the knee gives when models coincide; the
-        # smallest positive float keeps "distance <= eps" meaning "identical".
-        self.eps_ = max(float(eps), float(np.finfo(np.float64).tiny))
-        dbscan = DBSCAN(eps=self.eps_, min_samples=self.min_samples).fit(matrix)
+        # One distance matrix for the knee, the neighbourhoods and the silhouette:
+        # a pair compared twice is then the same number both times.
+        distances = pairwise_euclidean(matrix)
+        self.k_distances_ = _k_distances(distances, self.min_samples - 1)
+        self.eps_ = self._choose_eps(matrix, distances)
+        self.radius_, self.eps_margin_ = clear_radius(
+            self.eps_, distances[np.triu_indices(distances.shape[0], 1)])
+        dbscan = DBSCAN(eps=self.radius_, min_samples=self.min_samples,
+                        metric="precomputed").fit(distances)
         self.labels_ = dbscan.labels_
         self.core_points_ = matrix[dbscan.core_sample_indices_]
         self.core_labels_ = dbscan.labels_[dbscan.core_sample_indices_]
@@ -260,14 +341,27 @@ class DensityClustering:
         self.num_noise_ = int(np.count_nonzero(~clustered))
         self.num_clusters_ = int(np.unique(self.labels_[clustered]).size)
         self.silhouette_ = (
-            float(silhouette_score(matrix[clustered], self.labels_[clustered]))
-            if self.num_clusters_ >= 2
-            else float("nan")
+            _silhouette(distances, self.labels_) if self.num_clusters_ >= 2 else float("nan")
         )
         return self
 
+    def _choose_eps(self, matrix: np.ndarray, distances: np.ndarray) -> float:
+        """The given eps, or the one ``eps_method`` reads off the k-distance curve."""
+        eps = self.eps if self.eps is not None else knee_eps(self.k_distances_)
+        self.eps_scores_ = np.zeros(0)
+        if self.eps is None and self.eps_method == "silhouette":
+            positive = self.k_distances_[self.k_distances_ > 0]
+            if positive.size:
+                candidates = np.unique(np.quantile(positive,
+                                                   np.linspace(0, 1, self.num_candidates)))
+                best, self.eps_scores_ = silhouette_eps(matrix, self.min_samples, candidates,
+                                                        distances)
+                eps = best if best is not None else eps
+        return float(eps)
+
     def predict(self, points: np.ndarray) -> np.ndarray:
-        """DBSCAN's rule for new points: the cluster of the nearest core point within eps.
+        """DBSCAN's rule for new points: the cluster of the nearest core point within eps
+        (within ``radius_``, the radius the fitted points were compared with).
 
         Parameters
         ----------
@@ -277,7 +371,7 @@ class DensityClustering:
         Returns
         -------
         np.ndarray
-            (M,) int labels, -1 (noise) where no core point lies within ``eps_``.
+            (M,) int labels, -1 (noise) where no core point lies within ``radius_``.
         """
         matrix = _finite_matrix("points", points)
         if not hasattr(self, "core_points_"):
@@ -290,11 +384,10 @@ class DensityClustering:
         labels = np.full(matrix.shape[0], -1, dtype=np.int64)
         if self.core_points_.shape[0] == 0:
             return labels
-        distances, nearest = NearestNeighbors(n_neighbors=1).fit(self.core_points_).kneighbors(
-            self._scaled(matrix)
-        )
-        within = distances[:, 0] <= self.eps_
-        labels[within] = self.core_labels_[nearest[within, 0]]
+        distances = pairwise_euclidean(self._scaled(matrix), self.core_points_)
+        nearest = np.argmin(distances, axis=1)
+        within = distances[np.arange(matrix.shape[0]), nearest] <= self.radius_
+        labels[within] = self.core_labels_[nearest[within]]
         return labels
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fl_clusters.clustering.margins import check_margin
 from fl_clusters.clustering.similarity import _finite_matrix
 
 
@@ -82,7 +83,9 @@ def coherence_split_gate(
     Returns
     -------
     bool
-        ``coherence < mean_ratio and max_norm > max_ratio * reference_norm``.
+        ``coherence < mean_ratio and max_norm > max_ratio * reference_norm``;
+        either comparison closer than ``TIE_TOLERANCE`` (coherence: absolute,
+        norms: relative) is logged as a tie.
     """
     for name, value in (("max_norm", max_norm), ("reference_norm", reference_norm)):
         if not (np.isfinite(value) and value >= 0.0):
@@ -93,6 +96,11 @@ def coherence_split_gate(
         raise ValueError(f"mean_ratio={mean_ratio} is outside (0, 1]")
     if not (np.isfinite(max_ratio) and max_ratio >= 0.0):
         raise ValueError(f"max_ratio={max_ratio} is outside [0, inf)")
+    check_margin("CFL gate: coherence < mean_ratio", coherence, mean_ratio, scale=1.0)
+    if max_ratio > 0.0:
+        # At max_ratio 0 the test is "some client moved": an exact zero, no tie.
+        check_margin("CFL gate: max norm > max_ratio x reference norm", max_norm,
+                     max_ratio * reference_norm)
     return bool(coherence < mean_ratio and max_norm > max_ratio * reference_norm)
 
 
@@ -118,7 +126,8 @@ def has_converged(mean_norms: np.ndarray, window: int, tolerance: float) -> bool
     Returns
     -------
     bool
-        ``|mean(last window) - mean(window before)| <= tolerance * mean(window before)``.
+        ``|mean(last window) - mean(window before)| <= tolerance * mean(window before)``;
+        a comparison closer than ``TIE_TOLERANCE`` (relative) is logged as a tie.
     """
     norms = np.asarray(mean_norms, dtype=np.float64)
     if norms.ndim != 1 or not np.all(np.isfinite(norms)) or np.any(norms < 0):
@@ -131,6 +140,8 @@ def has_converged(mean_norms: np.ndarray, window: int, tolerance: float) -> bool
         return False
     recent = norms[-window:].mean()
     before = norms[-2 * window:-window].mean()
+    check_margin("ACFL phase-1 gate: |change of mean norm| <= tolerance x before",
+                 abs(recent - before), tolerance * before)
     return bool(abs(recent - before) <= tolerance * before)
 
 

@@ -7,6 +7,7 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.cluster import AgglomerativeClustering
 from sklearn.metrics import pairwise_distances
 
+from fl_clusters.clustering.margins import check_margin, warn_tie
 from fl_clusters.clustering.similarity import _finite_matrix
 
 LINKAGES = ("ward", "average", "complete", "single")
@@ -82,7 +83,10 @@ def distinct_updates(points: np.ndarray, metric: str = "euclidean") -> np.ndarra
         # the other metrics, so COPY_RATIO means the same for all.
         distances = np.sqrt(np.maximum(distances, 0.0))
     # The median over all pairs: copies, however many, are a small share of the pairs.
-    tolerance = COPY_RATIO * float(np.median(distances[np.triu_indices(unique.size, 1)]))
+    pairs = distances[np.triu_indices(unique.size, 1)]
+    tolerance = COPY_RATIO * float(np.median(pairs))
+    check_margin("FL+HC copy test: distance <= copy tolerance",
+                 float(pairs[np.argmin(np.abs(pairs - tolerance))]), tolerance)
     _, groups = connected_components(distances <= tolerance, directed=False)
     # ``unique`` is sorted, so a group's first entry in ``groups`` is its first point.
     _, lowest = np.unique(groups, return_index=True)
@@ -149,6 +153,11 @@ class UpdateHierarchy:
         Median nearest-neighbour distance of the distinct points (NaN for one).
     num_distinct_ : int
         Number of distinct points, copies counted once.
+    margin_ : float
+        Smallest relative margin of the cut's decisions (the gap cut: largest
+        jump against ``min_gap``, against the runner-up, merge heights against
+        the noise floor; a given cut: the nearest merge height against it); a
+        margin below ``TIE_TOLERANCE`` is logged as a tie. inf when nothing was cut.
     """
 
     def __init__(
@@ -200,6 +209,7 @@ class UpdateHierarchy:
         if self.metric == "cosine" and np.any(np.linalg.norm(matrix, axis=1) == 0.0):
             raise ValueError("points holds a zero row: its cosine distance is undefined")
         self.max_gap_ = float("nan")
+        self.margin_ = float("inf")
         owner = distinct_updates(matrix, self.metric)
         distinct = np.unique(owner)
         self.num_distinct_ = int(distinct.size)
@@ -217,9 +227,15 @@ class UpdateHierarchy:
         if cut == float("inf"):
             labels = np.zeros(matrix.shape[0], dtype=np.int64)
         else:
-            labels = AgglomerativeClustering(
+            tree = AgglomerativeClustering(
                 n_clusters=None, distance_threshold=cut, linkage=self.linkage, metric=self.metric
-            ).fit_predict(matrix)
+            ).fit(matrix)
+            labels = tree.labels_
+            # A merge at the cut's height is kept or not by rounding (sklearn merges
+            # below the threshold); the gap cut lies sqrt(min_gap) from every merge.
+            self.margin_ = min(self.margin_, check_margin(
+                "FL+HC cut: merge height < distance threshold",
+                float(tree.distances_[np.argmin(np.abs(tree.distances_ - cut))]), cut))
         # Every copy takes the label of the update it copies.
         self._set(labels[np.searchsorted(distinct, owner)], nearest, cut)
         return self
@@ -244,9 +260,32 @@ class UpdateHierarchy:
         jumps = np.divide(high, low, out=np.ones_like(high), where=above)
         i = int(np.argmax(jumps))
         self.max_gap_ = float(jumps[i])
+        self.margin_ = self._gap_margin(low, high, jumps, nearest / self.min_gap)
         if jumps[i] < self.min_gap:
             return float("inf")
         return float(np.sqrt(low[i] * high[i]))
+
+    def _gap_margin(
+        self, low: np.ndarray, high: np.ndarray, jumps: np.ndarray, floor: float
+    ) -> float:
+        """Smallest relative margin of the gap cut's decisions, ties logged.
+
+        The largest jump against ``min_gap``; the runner-up against it when both
+        reach ``min_gap`` (they cut at different heights); and the noise floor
+        against a merge height whose jump reaches ``min_gap`` (counted or not).
+        """
+        order = np.argsort(jumps)[::-1]
+        margins = [check_margin("FL+HC gap cut: largest jump >= min_gap", float(jumps[order[0]]),
+                                self.min_gap)]
+        if jumps.size > 1 and jumps[order[1]] >= self.min_gap:
+            margins.append(check_margin("FL+HC gap cut: largest jump against the second",
+                                        float(jumps[order[1]]), float(jumps[order[0]])))
+        raw = high / np.where(low > 0, low, np.inf)
+        for height in low[raw >= self.min_gap]:
+            margin = abs(height - floor) / floor
+            warn_tie("FL+HC gap cut: merge height >= noise floor", float(height), floor, margin)
+            margins.append(margin)
+        return float(min(margins))
 
     def describe_cut(self) -> str:
         """What the last :meth:`fit` compared to place its cut, in words for a log."""

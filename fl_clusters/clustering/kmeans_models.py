@@ -6,6 +6,12 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.cluster import KMeans
 
+from fl_clusters.clustering.margins import (
+    TIE_TOLERANCE,
+    assignment_margins,
+    pairwise_euclidean,
+    warn_tie,
+)
 from fl_clusters.clustering.similarity import _finite_matrix
 
 
@@ -64,6 +70,7 @@ def weighted_kmeans(
         raise ValueError(f"max_iter={max_iter} is outside [1, inf)")
     labels = np.full(matrix.shape[0], -1, dtype=np.int64)
     for _ in range(max_iter):
+        # argmin takes the first of equal distances: exact ties go to the lower cluster.
         new = np.argmin(_squared_distances(matrix, table), axis=1).astype(np.int64)
         if np.array_equal(new, labels):
             break
@@ -71,6 +78,7 @@ def weighted_kmeans(
         for j in np.unique(labels):
             members = labels == j
             table[j] = np.average(matrix[members], axis=0, weights=sizes[members])
+    report_assignment_ties("WeCFL weighted k-means", _squared_distances(matrix, table))
     return labels, table
 
 
@@ -112,12 +120,44 @@ def initial_kmeans(
     if n_init < 1:
         raise ValueError(f"n_init={n_init} is outside [1, inf)")
     kmeans = KMeans(num_clusters, n_init=n_init, random_state=seed)
-    return kmeans.fit_predict(matrix, sample_weight=sizes).astype(np.int64)
+    labels = kmeans.fit_predict(matrix, sample_weight=sizes).astype(np.int64)
+    report_assignment_ties("WeCFL k-means", _squared_distances(matrix, kmeans.cluster_centers_))
+    return labels
 
 
 def _squared_distances(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    # ||x - c||^2 without the (N, k, D) difference tensor: D is a model's size.
-    return (points**2).sum(axis=1)[:, None] - 2.0 * points @ centers.T + (centers**2).sum(axis=1)
+    # Coordinate by coordinate (no (N, k, D) tensor, D is a model's size): the
+    # expansion ||x||^2 - 2 x.c + ||c||^2 loses the gap between two near centres
+    # to cancellation and follows the BLAS kernel's rounding.
+    return pairwise_euclidean(points, centers) ** 2
+
+
+def report_assignment_ties(
+    decision: str, squared_distances: np.ndarray, tolerance: float = TIE_TOLERANCE
+) -> float:
+    """Log a warning when a point is about as near two centres; return the smallest margin.
+
+    Parameters
+    ----------
+    decision : str
+        The assignment, in words for the log.
+    squared_distances : np.ndarray
+        (N, k) squared distances of the points to the centres.
+    tolerance : float (default: TIE_TOLERANCE)
+        Relative margins (:func:`~fl_clusters.clustering.margins.assignment_margins`)
+        below it are ties.
+
+    Returns
+    -------
+    float
+        The smallest margin over the points (inf with one centre).
+    """
+    margins = assignment_margins(squared_distances)
+    point = int(np.argmin(margins))
+    nearest = np.sort(squared_distances[point])[:2]
+    warn_tie(f"{decision}: point {point}'s nearest centre against its second",
+             float(nearest[0]), float(nearest[-1]), float(margins[point]), tolerance)
+    return float(margins[point])
 
 
 def match_to_previous(centers: np.ndarray, previous: np.ndarray) -> np.ndarray:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from fl_clusters.clustering.margins import check_margin
 from fl_clusters.clustering.similarity import _finite_matrix
 
 
@@ -125,9 +126,13 @@ def has_positive_incentive(
     Returns
     -------
     bool
-        ``incentive(global_acc, local_acc) >= beta``.
+        ``incentive(global_acc, local_acc) >= beta``; closer than ``TIE_TOLERANCE``
+        (in accuracy units) is logged as a tie.
     """
-    return incentive(global_acc, local_acc) >= beta
+    value = incentive(global_acc, local_acc)
+    # Accuracies are fractions in [0, 1]: the margin is absolute, beta may be 0.
+    check_margin("ACFL trial: incentive >= threshold", value, beta, scale=1.0)
+    return value >= beta
 
 
 class GreedyIncentiveClustering:

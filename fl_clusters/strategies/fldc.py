@@ -97,9 +97,12 @@ class FLDC(ClusteredStrategy):
     """
 
     name = "fldc"
-    paper_revision = 2
+    # 3 (both presets): DBSCAN compares distances computed without BLAS against a
+    # radius set off every pairwise distance, so the knee's own pair, at exactly eps,
+    # is within eps on every machine (before, BLAS rounding decided it).
+    paper_revision = 3
     # 2: the DBSCAN distance on standardized parameters (standardized_distance).
-    robust_revision = 2
+    robust_revision = 3
     paper = "Wang and Li, 2025"
     defaults_checked_against = ("the paper's settings: MinPts = 4, eps at the knee of the "
                                 "sorted k-distance curve, r = 0.2")
@@ -325,12 +328,15 @@ class FLDC(ClusteredStrategy):
 
     # ------------------------------------------------------------------ results
     def summary_fields(self) -> dict[str, Any]:
-        """DBSCAN's decisions: eps, silhouette, labels per node, noise, k-distance curve."""
+        """DBSCAN's decisions: eps, its margin, silhouette, labels per node, noise, k-distances."""
         if self.clustering is None:
             return {}
         silhouette = self.clustering.silhouette_
         return {
             "eps": self.clustering.eps_,
+            # How far the nearest pairwise distance lies from the radius DBSCAN used.
+            "eps_margin": self.clustering.eps_margin_,
+            "dbscan_radius": self.clustering.radius_,
             "eps_method": "given" if self.eps is not None else self.eps_method,
             "silhouette": None if np.isnan(silhouette) else silhouette,
             "num_noise_clients": self.clustering.num_noise_,

@@ -198,6 +198,8 @@ class FLHC(HardClusteredStrategy):
             "clustering_round": self.clustering_round,
             "distance_threshold": _finite_or_none(h.threshold_),
             "max_merge_gap": _finite_or_none(h.max_gap_),
+            # Smallest relative margin of the cut's decisions (ties are logged).
+            "cut_margin": _finite_or_none(h.margin_),
             "median_nearest_distance": _finite_or_none(h.nearest_distance_),
             "num_distinct_updates": h.num_distinct_,
             "num_hierarchy_clusters": self.hierarchy.num_clusters_,
