@@ -39,7 +39,7 @@ STRATEGIES: dict[str, Callable[..., ClusteredStrategy]] = {
         ("min_available_nodes", "2", "min_available_nodes must be an int >= 1; got '2' (str)"),
         ("fraction_evaluate", "1.0", "fraction_evaluate must be a number in [0, 1]; got '1.0'"),
         ("fraction_evaluate", 1.5, "fraction_evaluate must be a number in [0, 1]; got 1.5"),
-        ("seed", None, "seed must be an int >= 0; got None (NoneType)"),
+        ("seed", None, "seed must be an int in [0, 4294967295]; got None (NoneType)"),
     ],
 )
 def test_every_strategy_names_a_bad_shared_argument(

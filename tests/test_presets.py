@@ -318,9 +318,10 @@ PAPER_DIGESTS = {
     "FedSoft": (2, "ea3098fb73e0"),
     "IFCA": (2, "d86856d1958b"),
     "MCFLOption": (2, "61198e162e77"),
-    # Revision 1: the declared rule (anchored_kmeans) is new, and preset="paper" runs
-    # the fresh k-means of every round it always ran.
-    "WeCFL": (1, "ca9111eac116"),
+    # Revision 1: the declared rule (anchored_kmeans) and value (init_steps, paper 0)
+    # are new, and preset="paper" runs the fresh k-means of every round on the models
+    # of an ordinary round, as it always did.
+    "WeCFL": (1, "1839e154de65"),
 }
 
 
