@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters.models import arrays_to_model, model_to_arrays
+from fl_clusters.optimizers import OptimizerFn
 
 EVAL_BATCH = 1024
 
@@ -47,26 +48,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("run-config key 'device' is 'cuda' but this node sees no GPU; use 'auto'")
     return torch.device(name)
-
-
-# Builds an optimizer on a model's parameters (a plug-in user's, or optimizer_for's).
-OptimizerFn = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-
-def optimizer_for(name: str, lr: float) -> OptimizerFn | None:
-    """The optimizer a training task builds on its model's parameters, by name.
-
-    ``"sgd"`` gives ``None``: :meth:`TorchLearner.train`'s own plain SGD step.
-    ``"sgd-momentum"`` (momentum 0.9) and ``"adam"`` are the recipes of Flower's
-    quickstarts; like a user's ``train()`` they start fresh each task.
-    """
-    if name == "sgd":
-        return None
-    if name == "sgd-momentum":
-        return partial(torch.optim.SGD, lr=lr, momentum=0.9)
-    if name == "adam":
-        return partial(torch.optim.Adam, lr=lr)
-    raise ValueError(f"unknown optimizer {name!r}; use 'sgd', 'sgd-momentum' or 'adam'")
 
 
 def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:

@@ -10,8 +10,9 @@ from torch.utils.data import TensorDataset
 from fl_clusters import protocol as p
 from fl_clusters.client.task import sgd_settings
 from fl_clusters.config import parse_run_config
-from fl_clusters.learner import TorchLearner, optimizer_for
+from fl_clusters.learner import TorchLearner
 from fl_clusters.models import model_to_arrays
+from fl_clusters.optimizers import optimizer_for
 from fl_clusters.server_app import train_config
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
-from fl_clusters.learner import optimizer_for
+from fl_clusters.optimizers import optimizer_for
 
 LOCAL_MODEL = "local-model"  # key of the node's persistent model in context.state
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context
 
-from fl_clusters.learner import OptimizerFn
+from fl_clusters.optimizers import OptimizerFn
 
 USER_TRAINING = "user-training"  # key of the record in context.state
 _OPTIMIZER, _STEPS, _HYPER = "optimizer", "steps", "hyper/"
