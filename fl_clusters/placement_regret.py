@@ -22,7 +22,7 @@ import numpy as np
 from flwr.common.logger import log
 from scipy.optimize import linear_sum_assignment
 
-# Issue 58's bar: a client whose regret exceeds 0.1 (ten points of test accuracy)
+# The bar: a client whose regret exceeds 0.1 (ten points of test accuracy)
 # lost more to its placement than seeds and sampling move a run's accuracy.
 REGRET_THRESHOLD = 0.1
 # A wrong placement held when its client used that cluster for this many evaluated

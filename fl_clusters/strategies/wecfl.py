@@ -83,10 +83,10 @@ class WeCFL(HardClusteredStrategy):
               "WeCFL: local SGD steps of the round whose models the first k-means clusters "
               "(0 = the run's local training)", low=0, paper=0,
               why="ten steps from one shared model leave the groups' updates inside the "
-              "noise of label skew, and later rounds keep the first clustering: on 24 "
-              "label-permuted clients under Dirichlet(0.3) it ended at ARI near 0 with "
-              "clients losing 0.3-0.7 of accuracy to their cluster (issue 58's held-out "
-              "settings); IFCA's warm start trains 100 steps for the same reason",
+              "noise of label skew, and later rounds keep the first clustering, so "
+              "clients stay in clusters that cost them accuracy (docs/clustering-"
+              "defaults.md, the held-out placement table); IFCA's warm start trains 100 "
+              "steps for the same reason",
               source="Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): the "
               "first k-means clusters the models of an ordinary round"),
     )
@@ -116,7 +116,8 @@ class WeCFL(HardClusteredStrategy):
             "when its trained model lies nearer another cluster's centre",
             "with momentum SGD on labels that conflict, a fresh k-means can find a lower "
             "inertia by splitting one group by the size of its updates: in Flower's "
-            "quickstart a found 3 + 3 split became 1 + 5 and stayed so (issue 58)",
+            "quickstart with a higher learning rate a found 3 + 3 split became 1 + 5 and "
+            "stayed so",
             "Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): k-means over "
             "the client models in every round"),
     )
