@@ -20,9 +20,8 @@ import json
 import math
 import struct
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 from zipfile import ZipInfo
 
 import numpy as np
@@ -30,6 +29,7 @@ from numpy.lib import format as npy
 
 from fl_clusters.checkpoint_limits import CheckpointLimits
 from fl_clusters.files import atomic_output
+from fl_clusters.protocol import read_npy_header
 from fl_clusters.state_tree import DamagedCheckpoint
 
 CHECKPOINT_FILE = "checkpoint.zip"
@@ -46,11 +46,6 @@ PICKLE_PROTOCOLS = range(2, 6)
 MAX_MANIFEST_BYTES = 1 << 16
 # A zip member's flag that says it is encrypted.
 ENCRYPTED = 0x1
-# The .npy header readers of the versions numpy writes for arrays without
-# unicode field names (version 3.0 is for those; no checkpoint holds one).
-NPY_HEADERS: dict[tuple[int, int], Callable[[Any], tuple[Any, bool, np.dtype]]] = {
-    (1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0,
-}
 ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, KeyError,
               ValueError, NotImplementedError, RuntimeError, struct.error, OverflowError)
 
@@ -229,11 +224,10 @@ def read_arrays(data: bytes) -> dict[str, np.ndarray]:
 def _npy_array(raw: bytes, name: str) -> np.ndarray:
     """The array of the ``.npy`` bytes ``raw``, once its header fits what ``raw`` holds."""
     source = io.BytesIO(raw)
-    version = npy.read_magic(source)
-    if version not in NPY_HEADERS:
-        raise DamagedCheckpoint(f"is refused: its array {name!r} is of .npy version "
-                                f"{version}, which fl-clusters does not write")
-    shape, _, dtype = NPY_HEADERS[version](source)
+    try:
+        shape, dtype = read_npy_header(source)
+    except ValueError as error:
+        raise DamagedCheckpoint(f"is refused: its array {name!r}: {one_line(error)}") from error
     if dtype.hasobject:
         raise DamagedCheckpoint(f"is refused: its array {name!r} holds Python objects "
                                 f"({dtype}), which a checkpoint keeps in {STATE} only")

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from io import BytesIO
+from typing import BinaryIO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord
@@ -340,7 +341,8 @@ def _array_problem(name: str, array: Array, sent: Array) -> str | None:
         return f"array '{name}' has shape {tuple(array.shape)}, expected {expected[1]}"
     stream = BytesIO(array.data)
     try:
-        stored = _npy_header(stream)
+        shape, dtype = read_npy_header(stream)
+        stored = (str(dtype), shape)
         if stored != expected:
             return (f"array '{name}' declares {expected[0]} {expected[1]} but its data "
                     f"hold {stored[0]} {stored[1]}")
@@ -353,15 +355,21 @@ def _array_problem(name: str, array: Array, sent: Array) -> str | None:
     return None
 
 
-def _npy_header(stream: BytesIO) -> tuple[str, tuple[int, ...]]:
-    """The dtype and shape an .npy stream's header declares (``ValueError`` if none)."""
+def read_npy_header(stream: BinaryIO) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an .npy stream's header declares, the stream left at the data.
+
+    Only the versions ``np.save`` writes for arrays (1.0, 2.0) are read: any other,
+    or no header at all, raises ``ValueError``. Nothing is allocated for the data, so
+    a header may be checked against what its bytes can hold before they are read
+    (client replies here, checkpoints in :mod:`fl_clusters.checkpoint_archive`).
+    """
     version = np.lib.format.read_magic(stream)
     readers = {(1, 0): np.lib.format.read_array_header_1_0,
                (2, 0): np.lib.format.read_array_header_2_0}
     if version not in readers:
         raise ValueError(f".npy version {version} is not one np.save writes for arrays")
     shape, _, dtype = readers[version](stream)
-    return str(dtype), tuple(shape)
+    return tuple(shape), dtype
 
 
 def head_keys(model: ArrayRecord, head_layers: int) -> list[str]:

@@ -31,7 +31,7 @@ from fl_clusters.results import load_models
 from fl_clusters.server_app import run_federation
 from fl_clusters.strategies.ifca import IFCA
 from fl_clusters.strategies.registry import build_strategy, strategy_names
-from tests.conftest import Federation
+from tests.conftest import Federation, dead_pid
 
 OLD_A, OLD_B, NEW_A, NEW_B = 2**63 + 11, 2**62 + 7, 2**61 + 5, 2**60 + 3
 COMPARED = ("ari", "personalized_accuracy", "per_client_accuracy", "cluster_accuracy",
@@ -388,19 +388,10 @@ def test_a_process_killed_while_writing_leaves_a_whole_checkpoint(tmp_path: Path
     assert os.listdir(tmp_path) == [CHECKPOINT_FILE]
 
 
-def _dead_pid() -> int:
-    """The process id of a process that has exited and been reaped."""
-    child = os.fork()
-    if child == 0:
-        os._exit(0)
-    os.waitpid(child, 0)
-    return child
-
-
 def test_a_write_removes_what_a_dead_writer_left_and_keeps_a_live_ones(tmp_path: Path) -> None:
-    dead = tmp_path / f".{CHECKPOINT_FILE}.{_dead_pid()}.partial"
+    dead = tmp_path / f".{CHECKPOINT_FILE}.{dead_pid()}.partial"
     live = tmp_path / f".{CHECKPOINT_FILE}.{os.getppid()}.partial"
-    other_file = tmp_path / f".models.npz.{_dead_pid()}.partial"
+    other_file = tmp_path / f".models.npz.{dead_pid()}.partial"
     for partial in (dead, live, other_file):
         partial.write_bytes(b"half a checkpoint")
     _rich_checkpoint().write(tmp_path)

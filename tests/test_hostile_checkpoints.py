@@ -31,6 +31,7 @@ from fl_clusters.checkpoint_limits import CheckpointLimits
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies.interface import ServerStrategy
 from fl_clusters.strategies.registry import build_strategy
+from tests.conftest import dead_pid
 
 SETTINGS = parse_run_config({"num-rounds": 4, "num-clusters": 2, "seed": 1})
 
@@ -318,20 +319,12 @@ def test_a_field_of_another_type_is_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------- 8. reading writes nothing
-def _dead_pid() -> int:
-    child = os.fork()
-    if child == 0:
-        os._exit(0)
-    os.waitpid(child, 0)
-    return child
-
-
 def test_reading_a_read_only_folder_with_a_stale_partial_changes_nothing(
     tmp_path: Path,
 ) -> None:
     folder = tmp_path / "run"
     _write(folder)
-    stale = folder / f".{CHECKPOINT_FILE}.{_dead_pid()}.partial"
+    stale = folder / f".{CHECKPOINT_FILE}.{dead_pid()}.partial"
     stale.write_bytes(b"half a checkpoint")
     folder.chmod(stat.S_IRUSR | stat.S_IXUSR)
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fl_clusters.clustering.kmeans_models import _check_weights, weighted_kmeans
-from fl_clusters.clustering.similarity import _finite_matrix
+from fl_clusters.clustering.similarity import _checked_labels, _finite_matrix
 
 # A point's current cluster when it has none yet (a node never clustered).
 UNCLUSTERED = -1
@@ -86,17 +86,7 @@ def anchored_kmeans(
     """
     matrix = _finite_matrix("points", points).astype(np.float64)
     table = _finite_matrix("centres", centres).astype(np.float64)
-    current = np.asarray(labels)
-    if current.shape != (matrix.shape[0],) or not np.issubdtype(current.dtype, np.integer):
-        raise ValueError(
-            f"labels must be {matrix.shape[0]} ints (one cluster per point), got shape "
-            f"{current.shape} of {current.dtype}"
-        )
-    if current.size and not (current.min() >= UNCLUSTERED and current.max() < table.shape[0]):
-        raise ValueError(
-            f"labels must lie in [{UNCLUSTERED}, {table.shape[0] - 1}] for k={table.shape[0]} "
-            f"centres, got [{current.min()}, {current.max()}]"
-        )
+    current = _checked_labels(labels, matrix.shape[0], UNCLUSTERED, table.shape[0])
     if table.shape[1] != matrix.shape[1]:
         raise ValueError(f"centres {table.shape} and points {matrix.shape} differ in width")
     sizes = _check_weights(weights, matrix.shape[0])

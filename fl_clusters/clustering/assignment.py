@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from sklearn.cluster import KMeans
 
-from fl_clusters.clustering.similarity import _finite_matrix
+from fl_clusters.clustering.similarity import _checked_labels, _finite_matrix
 
 
 def assign_by_loss(losses: np.ndarray) -> np.ndarray:
@@ -51,14 +51,7 @@ def cluster_feature_means(
     if num_clusters < 1:
         raise ValueError(f"num_clusters={num_clusters} is outside [1, inf)")
     matrix = _finite_matrix("features", features).astype(np.float64)
-    clusters = np.asarray(labels)
-    if clusters.shape != (matrix.shape[0],) or not np.issubdtype(clusters.dtype, np.integer):
-        raise ValueError(
-            f"labels must be an integer array of shape ({matrix.shape[0]},), got "
-            f"{clusters.dtype} {clusters.shape}"
-        )
-    if clusters.size and not (clusters.min() >= 0 and clusters.max() < num_clusters):
-        raise ValueError(f"labels must lie in [0, {num_clusters - 1}]")
+    clusters = _checked_labels(labels, matrix.shape[0], 0, num_clusters)
     sums = np.zeros((num_clusters, matrix.shape[1]))
     np.add.at(sums, clusters, matrix)
     sizes = np.bincount(clusters, minlength=num_clusters)[:, None]

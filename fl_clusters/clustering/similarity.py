@@ -30,6 +30,30 @@ def _finite_matrix(name: str, array: np.ndarray) -> np.ndarray:
     return matrix
 
 
+def _checked_labels(labels: np.ndarray, num_points: int, low: int, num_clusters: int) -> np.ndarray:
+    """Return ``labels`` as an int array, or raise naming what is wrong with it.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        One cluster per point, anything ``np.asarray`` accepts.
+    num_points : int
+        How many labels there must be.
+    low : int
+        The smallest label allowed (0, or -1 where a point may have no cluster yet).
+    num_clusters : int
+        Labels must be below it.
+    """
+    clusters = np.asarray(labels)
+    if clusters.shape != (num_points,) or not np.issubdtype(clusters.dtype, np.integer):
+        raise ValueError(f"labels must be {num_points} ints (one cluster per point), got "
+                         f"shape {clusters.shape} of {clusters.dtype}")
+    if clusters.size and not (clusters.min() >= low and clusters.max() < num_clusters):
+        raise ValueError(f"labels must lie in [{low}, {num_clusters - 1}] for "
+                         f"k={num_clusters}, got [{clusters.min()}, {clusters.max()}]")
+    return clusters
+
+
 def flatten_models(models: Sequence[Sequence[np.ndarray]]) -> np.ndarray:
     """Concatenate every model's layers into one row per model.
 
