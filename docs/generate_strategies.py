@@ -39,13 +39,13 @@ from pathlib import Path
 
 import fl_clusters.strategies
 from fl_clusters.config import config_keys, key_groups
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param
-from fl_clusters.strategies.presets import departs
-from fl_clusters.strategies.recipes import FIXED_KEYS, RECIPE_KEYS, RecipeValue
-from fl_clusters.strategies.registry import strategy_names
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.params import NOT_GIVEN, REQUIRED, Param
+from fl_clusters.strategies.kit.presets import departs
+from fl_clusters.strategies.kit.recipes import FIXED_KEYS, RECIPE_KEYS, RecipeValue
+from fl_clusters.strategies.kit.registry import BASELINES, own_strategies
+from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "strategies.md"
@@ -65,12 +65,12 @@ DESCRIPTION = re.compile(r'^description = ".*"$', re.M)
 
 def shared_classes() -> list[type]:
     """The base classes whose declarations several strategies take (their own sections)."""
-    return [owner for owner, _ in key_groups() if owner is not None and not owner.name]
+    return [owner for owner, _ in key_groups(own_only=True) if owner is not None and not owner.name]
 
 
 def strategies() -> list[type[ClusteredStrategy]]:
-    """Every registered strategy, by name."""
-    return [ClusteredStrategy.registry[name] for name in sorted(ClusteredStrategy.registry)]
+    """fl-clusters' own strategies, by name (installed plug-ins are not listed)."""
+    return list(own_strategies().values())
 
 
 def _shared_keys() -> set[str]:
@@ -217,7 +217,7 @@ def plugin_table() -> str:
 
 def strategy_list() -> str:
     """Every value of the run-config key ``strategy``, inline."""
-    return ", ".join(f"`{name}`" for name in strategy_names())
+    return ", ".join(f"`{name}`" for name in sorted({*own_strategies(), *BASELINES}))
 
 
 def strategy_key_list() -> str:
@@ -447,7 +447,7 @@ def _group_title(owner: type | None) -> str:
 def config_table() -> str:
     """The body of ``[tool.flwr.app.config]``: every run-config key with its default."""
     lines = []
-    for owner, keys in key_groups():
+    for owner, keys in key_groups(own_only=True):
         lines.append(_group_title(owner))
         lines += [f"{key.key} = {_toml(key.config_default)}" for key in keys]
     return "\n".join(lines) + "\n"

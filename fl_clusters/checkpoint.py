@@ -68,8 +68,8 @@ from fl_clusters.state_tree import (
     StateWriter,
     qualified_name,
 )
-from fl_clusters.strategies.interface import ServerStrategy
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
+from fl_clusters.strategy_builder import build_strategy
 
 # What the earlier versions wrote; refused without being opened.
 PICKLED_CHECKPOINT_FILE = "checkpoint.pkl"

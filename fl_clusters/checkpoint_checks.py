@@ -26,7 +26,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from fl_clusters import protocol as p
 from fl_clusters.checkpoint_archive import STATE
 from fl_clusters.state_tree import DamagedCheckpoint, qualified_name
-from fl_clusters.strategies.interface import ServerStrategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
 
 # What inspect.getattr_static answers for a name no class on the strategy's MRO has.
 _MISSING = object()

@@ -6,7 +6,7 @@ come from ``[tool.flwr.app.config]`` plus ``--run-config`` overrides. Under
 pyproject.toml. Every value is checked once, at the boundary, and a bad one stops the
 run with an error that names the key, the value and what is allowed.
 
-Every key is a :class:`~fl_clusters.strategies.params.Param` declaration, the one a
+Every key is a :class:`~fl_clusters.strategies.kit.params.Param` declaration, the one a
 strategy's constructor arguments use: the keys of the data, the clients and the run
 are declared here (:data:`COMMON_KEYS`); a strategy's keys are its declared
 parameters, grouped by the class that declares them, so a strategy registered from
@@ -26,10 +26,15 @@ from flwr.common.logger import log
 
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.protocol import OPTIMIZERS
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.params import Param, ParamError
-from fl_clusters.strategies.registry import strategy_names
-from fl_clusters.strategies.shared_params import (
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.params import Param, ParamError
+from fl_clusters.strategies.kit.registry import (
+    BASELINES,
+    own_strategies,
+    strategy_classes,
+    strategy_names,
+)
+from fl_clusters.strategies.kit.shared_params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
     MIN_AVAILABLE_NODES,
@@ -162,16 +167,17 @@ def _groups(
     return tuple(groups)
 
 
-def key_groups() -> tuple[KeyGroup, ...]:
+def key_groups(*, own_only: bool = False) -> tuple[KeyGroup, ...]:
     """Every run-config key, grouped: ``(None, common keys)``, then ``(class, its keys)``.
 
     A class's group holds the keys of the parameters it declares that no earlier
     group has: the base classes' shared options first, then each registered
-    strategy by its name.
+    strategy by its name. ``own_only``: fl-clusters' own strategies, not the
+    installed plug-ins' (what the generated pages and pyproject.toml list).
     """
-    registered = ClusteredStrategy.registry
-    return _groups(tuple(registered[name] for name in sorted(registered)),
-                   tuple(strategy_names()))
+    registered = own_strategies() if own_only else strategy_classes()
+    names = [name for name in strategy_names() if name in registered or name in BASELINES]
+    return _groups(tuple(registered.values()), tuple(names))
 
 
 def config_keys() -> dict[str, Param]:

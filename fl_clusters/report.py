@@ -14,7 +14,7 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.client_errors import describe_error
 from fl_clusters.placement import PLACEMENT
-from fl_clusters.strategies.interface import ServerStrategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
 
 
 def report_fields(num_models: int) -> dict[str, p.MetricField]:

@@ -39,8 +39,8 @@ from fl_clusters.placement import NOWHERE
 from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
 from fl_clusters.placement_regret import placement_fields, table_rows
 from fl_clusters.report import collect_report
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.interface import ServerStrategy
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
 
 MODELS_FILE = "models.npz"
 SUMMARY_FILE = "summary.json"

@@ -23,8 +23,8 @@ from fl_clusters import protocol as p
 from fl_clusters.checkpoint import CHECKPOINT_FILE, Checkpoint
 from fl_clusters.client_errors import describe_error
 from fl_clusters.grid import MeteredGrid
-from fl_clusters.strategies.evaluation import per_cluster_evaluate
-from fl_clusters.strategies.interface import ServerStrategy
+from fl_clusters.strategies.kit.evaluation import per_cluster_evaluate
+from fl_clusters.strategies.kit.interface import ServerStrategy
 
 
 class CheckpointedRounds(Strategy):

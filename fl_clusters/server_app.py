@@ -1,7 +1,7 @@
 """The fl-clusters ServerApp: wait for the nodes, run the strategy, report the results.
 
 The server talks to every strategy through one interface
-(:class:`~fl_clusters.strategies.interface.ServerStrategy`): the clustered ones
+(:class:`~fl_clusters.strategies.kit.interface.ServerStrategy`): the clustered ones
 and Flower's FedAvg/FedProx alike. The grid it runs on is :mod:`fl_clusters.grid`,
 the rounds :mod:`fl_clusters.rounds`, the final report :mod:`fl_clusters.report`
 and what is written and printed :mod:`fl_clusters.results`.
@@ -43,8 +43,8 @@ from fl_clusters.results import (
     write_results,
 )
 from fl_clusters.rounds import CheckpointedRounds
-from fl_clusters.strategies.interface import ServerStrategy
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
+from fl_clusters.strategy_builder import build_strategy
 
 NODE_WAIT_S = 60.0
 NODE_QUIET_S = 1.0

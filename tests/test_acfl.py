@@ -152,7 +152,7 @@ def test_acfl_keeps_one_distribution_in_one_cluster(federation) -> None:
 def test_a_phase_1_budget_the_run_cannot_reach_is_refused_at_the_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fl_clusters.strategies.base import ClusteredStrategy
+    from fl_clusters.strategies.kit.base import ClusteredStrategy
 
     # The shared start-up (the handshake) is not what is tested here.
     monkeypatch.setattr(ClusteredStrategy, "prepare", lambda *args: None)

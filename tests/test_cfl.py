@@ -19,7 +19,7 @@ from fl_clusters.clustering import (
 )
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies import ACFL, CFL
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import START, NodesOnly, SilentNodes
 from tests.conftest import train_reply as _reply
 from tests.conftest import two_layer_model as _model

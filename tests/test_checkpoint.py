@@ -30,7 +30,8 @@ from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.results import load_models
 from fl_clusters.server_app import run_federation
 from fl_clusters.strategies.ifca import IFCA
-from fl_clusters.strategies.registry import build_strategy, strategy_names
+from fl_clusters.strategies.kit.registry import strategy_names
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import Federation, dead_pid
 
 OLD_A, OLD_B, NEW_A, NEW_B = 2**63 + 11, 2**62 + 7, 2**61 + 5, 2**60 + 3

@@ -26,13 +26,14 @@ import pytest
 
 from fl_clusters.checkpoint import CHECKPOINT_FILE
 from fl_clusters.config import config_keys, parse_run_config
-from fl_clusters.strategies.kit import REQUIRED, ClusteredStrategy, registered
-from fl_clusters.strategies.presets import departs
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit import REQUIRED, ClusteredStrategy
+from fl_clusters.strategies.kit.presets import departs
+from fl_clusters.strategies.kit.registry import strategy_classes
+from fl_clusters.strategy_builder import build_strategy
 from tests.loopback_runs import NUM_CLIENTS, ChurnGrid, in_process_server, loopback_run
 
 ROOT = Path(__file__).resolve().parents[1]
-STRATEGIES = sorted(registered())
+STRATEGIES = sorted(strategy_classes())
 # What two runs of one job must agree on.
 COMPARED = ("ari", "personalized_accuracy", "per_client_accuracy", "cluster_accuracy",
             "num_clusters_found", "assignment_history", "cluster_accuracy_history")

@@ -29,7 +29,7 @@ from fl_clusters.config import parse_run_config
 from fl_clusters.learner import TorchLearner
 from fl_clusters.results import strategy_fields, summarize
 from fl_clusters.strategies import FedEM
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import SharedRay
 
 torch.set_num_threads(1)

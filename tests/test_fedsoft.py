@@ -41,7 +41,7 @@ from fl_clusters.metrics import (
 )
 from fl_clusters.models import build_model
 from fl_clusters.strategies import FedSoft
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import Federation, SharedRay, federation_in
 
 MIXTURE = {"cluster-structure": "rotation-mixture", "num-clusters": 2}

@@ -14,7 +14,7 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, silhouette_eps
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies import FLDC, IFCA
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import StubGrid, train_reply
 
 

@@ -25,7 +25,7 @@ from fl_clusters.clustering.kmeans_models import match_to_previous, recluster_km
 from fl_clusters.config import parse_run_config
 from fl_clusters.data import FASHION_MNIST_ROOT
 from fl_clusters.strategies import FLHC, WeCFL
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import NodesOnly
 
 needs_fashion = pytest.mark.skipif(

@@ -29,8 +29,8 @@ from fl_clusters.checkpoint import CHECKPOINT_FILE, Checkpoint
 from fl_clusters.checkpoint_archive import ARRAYS, MANIFEST, STATE
 from fl_clusters.checkpoint_limits import CheckpointLimits
 from fl_clusters.config import parse_run_config
-from fl_clusters.strategies.interface import ServerStrategy
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import dead_pid
 
 SETTINGS = parse_run_config({"num-rounds": 4, "num-clusters": 2, "seed": 1})

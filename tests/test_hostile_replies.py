@@ -213,7 +213,7 @@ def test_a_train_reply_naming_a_cluster_not_offered_is_rejected_by_its_field(
 def test_a_first_feature_of_another_length_cannot_reject_the_honest_ones(
     server_identity: None
 ) -> None:
-    from fl_clusters.strategies.mcfl import read_features
+    from fl_clusters.strategies.kit.options.mcfl import read_features
 
     def feature_reply(node: int, length: int) -> Message:
         request = Message(RecordDict(), dst_node_id=node, message_type="query")

@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from fl_clusters import protocol as p
 from fl_clusters.clustering import closest_direction
 from fl_clusters.strategies import CFL, IFCA
-from fl_clusters.strategies.replies import reply_updates
+from fl_clusters.strategies.kit.replies import reply_updates
 
 NAMES = ["body.weight", "head.bias"]
 # The two groups pull the head in opposite directions.

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 from fl_clusters import protocol as p
 from fl_clusters.adapter import ClusteredClient
 from fl_clusters.learner import TorchLearner
-from fl_clusters.strategies.evaluation import per_cluster_evaluate
+from fl_clusters.strategies.kit.evaluation import per_cluster_evaluate
 from tests.conftest import SharedRay
 
 pytestmark = pytest.mark.usefixtures("server_identity")

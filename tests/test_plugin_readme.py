@@ -32,7 +32,8 @@ from benchmarks.plugin_quickstart import (
     write_app,
 )
 from fl_clusters.config import parse_run_config
-from fl_clusters.strategies.registry import build_strategy, strategy_names
+from fl_clusters.strategies.kit.registry import strategy_names
+from fl_clusters.strategy_builder import build_strategy
 
 pytestmark = pytest.mark.usefixtures("server_identity")
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM, FedSoft
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param, ParamError
-from fl_clusters.strategies.presets import departs
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.params import NOT_GIVEN, REQUIRED, Param, ParamError
+from fl_clusters.strategies.kit.presets import departs
+from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import Federation
 
 # What every strategy records of its preset: not a difference of the algorithm.
@@ -229,12 +229,12 @@ def test_a_declared_rule_is_no_undeclared_difference(monkeypatch: pytest.MonkeyP
 # the whole difference between the modes, because no code path branches on the
 # preset itself (a branch anywhere else is an undeclared difference).
 PRESET_READERS = {
-    ("fl_clusters/strategies/presets.py", "init_params"): "turns it into paper values",
+    ("fl_clusters/strategies/kit/presets.py", "init_params"): "turns it into paper values",
     ("fl_clusters/config.py", "apply_paper_recipe"): "applies the declared recipes",
-    ("fl_clusters/strategies/behaviours.py", "behaviour_switches"): "into rule switches",
-    ("fl_clusters/strategies/shared_params.py", "<module>"): "declares the Param",
-    ("fl_clusters/strategies/base.py", "preset_fields"): "records it in the summary",
-    ("fl_clusters/strategies/base.py", "summary"): "logs it",
+    ("fl_clusters/strategies/kit/behaviours.py", "behaviour_switches"): "into rule switches",
+    ("fl_clusters/strategies/kit/shared_params.py", "<module>"): "declares the Param",
+    ("fl_clusters/strategies/kit/base.py", "preset_fields"): "records it in the summary",
+    ("fl_clusters/strategies/kit/base.py", "summary"): "logs it",
     ("fl_clusters/sweep/cells.py", "revision_settings"): "keys a run's revision",
     ("fl_clusters/sweep/cells.py", "keys_the_paper_sets"): "which defaults a paper run ignored",
     ("fl_clusters/sweep/twins.py", "<module>"): "names the key a twin cell differs in",

@@ -21,8 +21,8 @@ from fl_clusters.config import (
     strategy_keys,
 )
 from fl_clusters.loopback import LoopbackGrid
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.recipes import FIXED_KEYS, RecipeValue, check_recipe
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.recipes import FIXED_KEYS, RecipeValue, check_recipe
 from fl_clusters.sweep import simulation
 from fl_clusters.sweep.cells import RESERVED_RUN_CONFIG_KEYS
 from fl_clusters.sweep.spec import load_sweep

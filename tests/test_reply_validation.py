@@ -22,7 +22,7 @@ from fl_clusters.grid import MeteredGrid
 from fl_clusters.report import collect_report, report_fields
 from fl_clusters.results import node_fields
 from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedEM, FedSoft, LocalOnly, WeCFL
-from fl_clusters.strategies.base import ClusteredStrategy
+from fl_clusters.strategies.kit.base import ClusteredStrategy
 from tests.conftest import StubGrid
 
 NODES = [11, 12, 13, 14, 15, 16]

@@ -98,8 +98,8 @@ def test_in_the_users_own_serverapp_the_last_round_evaluates_every_node(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from fl_clusters.config import parse_run_config
-    from fl_clusters.strategies import base
-    from fl_clusters.strategies.registry import build_strategy
+    from fl_clusters.strategies.kit import base
+    from fl_clusters.strategy_builder import build_strategy
 
     # What Strategy.start runs first; the handshake itself is not what is tested.
     monkeypatch.setattr(base, "sample_nodes", lambda *args: ([], []))
@@ -115,7 +115,7 @@ def test_in_the_users_own_serverapp_the_last_round_evaluates_every_node(
 def test_fraction_evaluate_is_a_run_config_key_with_todays_default() -> None:
     from fl_clusters.config import parse_run_config
     from fl_clusters.errors import ConfigurationError
-    from fl_clusters.strategies.registry import build_strategy
+    from fl_clusters.strategy_builder import build_strategy
 
     assert parse_run_config({})["fraction-evaluate"] == 1.0
     for name in ("ifca", "fedavg", "cfl"):

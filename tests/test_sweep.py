@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from fl_clusters.strategies import CFL, FLDC, FLHC
-from fl_clusters.strategies.mcfl import MCFLOption
+from fl_clusters.strategies.kit.options.mcfl import MCFLOption
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
 from fl_clusters.sweep.cells import (
     PAPER_REVISION,

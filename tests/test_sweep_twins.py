@@ -15,9 +15,10 @@ import pytest
 from rich.console import Console
 
 from fl_clusters.strategies import LocalOnly
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.registry import build_strategy, strategy_names
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.registry import strategy_names
+from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN
+from fl_clusters.strategy_builder import build_strategy
 from fl_clusters.sweep import Sweep, load_sweep, run_sweep
 from fl_clusters.sweep import runner as runner_module
 from fl_clusters.sweep.cli import main

@@ -16,10 +16,10 @@ from flwr.serverapp import Grid
 
 from fl_clusters.client_app import build_client_app
 from fl_clusters.config import config_keys, parse_run_config
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import Param, ParamError
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import Param, ParamError
+from fl_clusters.strategy_builder import build_strategy
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def toy_strategy(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[HardClustered
         clusters : int (default: 2)
             Clusters the nodes are dealt into, >= 1.
         fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-            See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+            See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
         """
 
         name = "toy"

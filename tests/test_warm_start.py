@@ -1,8 +1,8 @@
 """The shared local-k-means warm start and the explicit failed-round policy.
 
 Covers :mod:`fl_clusters.clustering.starts` (pure math),
-:mod:`fl_clusters.strategies.warm_start` (what IFCA, FedEM and FedSoft share) and
-:func:`fl_clusters.strategies.replies.count_failed_round`.
+:mod:`fl_clusters.strategies.kit.warm_start` (what IFCA, FedEM and FedSoft share) and
+:func:`fl_clusters.strategies.kit.replies.count_failed_round`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from fl_clusters import protocol as p
 from fl_clusters.clustering import most_balanced_restart, warm_start_points
 from fl_clusters.strategies import IFCA, FedEM, FedSoft
-from fl_clusters.strategies.replies import count_failed_round
-from fl_clusters.strategies.warm_start import group_local_models, kmeans_start_problem
+from fl_clusters.strategies.kit.replies import count_failed_round
+from fl_clusters.strategies.kit.warm_start import group_local_models, kmeans_start_problem
 from tests.conftest import START, NodesOnly, train_reply
 
 

@@ -20,11 +20,11 @@ from fl_clusters.clustering import (
     update_norms,
 )
 from fl_clusters.errors import ConfigurationError
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import NOT_GIVEN, Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import average_replies, epochs_done, reply_updates
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import NOT_GIVEN, Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import average_replies, epochs_done, reply_updates
 
 # The paper's text, as the sources below cite it (docs/paper-fidelity.md).
 SEED_TEXT = "Zhu et al. 2024 (seed 003)"
@@ -105,7 +105,7 @@ class ACFL(HardClusteredStrategy):
     noise_z : float (default: 2.0)
         Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
     **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
+        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "acfl"

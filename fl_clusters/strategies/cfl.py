@@ -20,10 +20,10 @@ from fl_clusters.clustering import (
     update_coherence,
     update_norms,
 )
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import reply_updates
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import reply_updates
 
 
 def _below(value: float, bound: float) -> str:
@@ -144,7 +144,7 @@ class CFL(HardClusteredStrategy):
     warmup_rounds : int (default: 2)
         No split is considered in rounds ``<= warmup_rounds``.
     **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
+        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "cfl"

@@ -13,18 +13,18 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.interface import Scoring
-from fl_clusters.strategies.params import NOT_GIVEN, Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import (
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.interface import Scoring
+from fl_clusters.strategies.kit.params import NOT_GIVEN, Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import (
     average_packed_clusters,
     average_replies,
     num_examples,
     train_losses,
 )
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN, num_clusters_param
-from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
+from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, num_clusters_param
+from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
 
 
 class FedEM(CentresFromStart):
@@ -75,7 +75,7 @@ class FedEM(CentresFromStart):
     init_steps : int (default: 100)
         Local SGD steps of the warm-start round, >= 1.
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fedem"

@@ -21,14 +21,14 @@ from fl_clusters.clustering import (
     weighted_average,
 )
 from fl_clusters.drawing import random_like
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.interface import Scoring
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.interface import Scoring
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import num_examples, reply_layers, train_losses
+from fl_clusters.strategies.kit.shared_params import num_clusters_param
+from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
 from fl_clusters.strategies.local import LOCAL_MODELS_HELD_OUT
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import num_examples, reply_layers, train_losses
-from fl_clusters.strategies.shared_params import num_clusters_param
-from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
 
 
 def _mean(replies: list[Message], names: list[str],
@@ -114,7 +114,7 @@ class FedSoft(CentresFromStart):
         How the S cluster models start: ``"local-kmeans"`` (a warm-start round,
         see above) or ``"random"`` (independent draws; ``preset="paper"``).
     fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fedsoft"

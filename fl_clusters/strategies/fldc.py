@@ -16,12 +16,12 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.interface import Scoring
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import average_replies, reply_layers
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.interface import Scoring
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import average_replies, reply_layers
 
 K_DISTANCE_PLOT = "k_distance.png"
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
@@ -93,7 +93,7 @@ class FLDC(ClusteredStrategy):
     r : float (default: 0.2)
         Share of every cluster sampled each round after the first, in (0, 1].
     fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fldc"

@@ -12,9 +12,9 @@ from flwr.serverapp import Grid
 
 from fl_clusters.clustering import UpdateHierarchy
 from fl_clusters.clustering.hierarchical import DISTANCES, LINKAGES, THRESHOLDS
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.replies import reply_updates
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.replies import reply_updates
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -35,7 +35,7 @@ class FLHC(HardClusteredStrategy):
     joined later) has no cluster. The first time it is sampled it trains once
     from the model the clustered updates started from, and joins the cluster
     whose mean update is nearest to its own update under ``metric``
-    (:meth:`~fl_clusters.strategies.hard.HardClusteredStrategy.place_by_update`),
+    (:meth:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy.place_by_update`),
     for good. Only a node that does not answer that request falls back to the
     loss: it receives every cluster model and trains the one of lowest loss on
     its training split, which places it.
@@ -69,7 +69,7 @@ class FLHC(HardClusteredStrategy):
         Absolute cut, > 0, in the metric's units. Update distances scale with the
         model and local work: 0.9 suits the bundled digits MLP (lr 0.1, 10 steps).
     **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
+        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "flhc"

@@ -20,14 +20,23 @@ from fl_clusters.clustering import (
     widest_group,
 )
 from fl_clusters.drawing import draw_clusters
-from fl_clusters.strategies.awcfl import AWCFLOption
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.mcfl import MCFLOption
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.recipes import RecipeValue
-from fl_clusters.strategies.replies import num_examples, reply_layers, reply_updates, train_losses
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER, num_clusters_param
-from fl_clusters.strategies.warm_start import CentresFromStart, KMeansStart
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
+from fl_clusters.strategies.kit.options.mcfl import MCFLOption
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.replies import (
+    num_examples,
+    reply_layers,
+    reply_updates,
+    train_losses,
+)
+from fl_clusters.strategies.kit.shared_params import (
+    FRACTION_TRAIN,
+    INTER_CLUSTER,
+    num_clusters_param,
+)
+from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
 SOURCE = "Ghosh et al. 2020 (seed 001)"
@@ -86,7 +95,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         never re-seeds.
     **kwargs
         The shared arguments, those of
-        :class:`~fl_clusters.strategies.hard.HardClusteredStrategy` (AWCFL and MCFL too).
+        :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy` (AWCFL and MCFL too).
     """
 
     name = "ifca"

@@ -10,10 +10,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.params import NOT_GIVEN
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.params import NOT_GIVEN
+from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN
 
 # How a node's own model is scored, wherever one is kept (local-only training,
 # FedSoft's personalized models).
@@ -39,7 +39,7 @@ class LocalOnly(ClusteredStrategy):
     Parameters
     ----------
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "local"

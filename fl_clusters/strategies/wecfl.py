@@ -15,11 +15,11 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.anchored_kmeans import UNCLUSTERED, anchored_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import NOT_GIVEN, REQUIRED, Param
-from fl_clusters.strategies.replies import num_examples, reply_layers
-from fl_clusters.strategies.shared_params import num_clusters_param
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import NOT_GIVEN, REQUIRED, Param
+from fl_clusters.strategies.kit.replies import num_examples, reply_layers
+from fl_clusters.strategies.kit.shared_params import num_clusters_param
 
 
 class WeCFL(HardClusteredStrategy):
@@ -63,7 +63,7 @@ class WeCFL(HardClusteredStrategy):
         clusters; 0 trains them as every other round (``preset="paper"``). A
         plug-in app's own ``train()`` takes its own steps.
     **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.hard.HardClusteredStrategy`.
+        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "wecfl"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_clusters.config import PAPER_RECIPE, strategy_keys
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.presets import departs
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.presets import departs
 
 # Run-config keys the sweep sets for every run, and why a file may not: where each
 # run writes (a file that set it would scatter runs), and the paper preset's training

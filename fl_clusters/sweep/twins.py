@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_clusters.config import strategy_keys
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.presets import departs
-from fl_clusters.strategies.registry import build_strategy
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.presets import departs
+from fl_clusters.strategy_builder import build_strategy
 from fl_clusters.sweep.cells import Cell, SettingChange, Sweep
 
 # The line field that names the cell whose run a line repeats (its key).
@@ -43,7 +43,7 @@ def reads_preset(strategy: str) -> bool:
     From the declarations: a strategy whose run-config keys have no ``preset``
     (Flower's baselines) does not; a registered one does when one of its
     parameters has a paper value apart from its default or one of its behaviours
-    is switched (:class:`~fl_clusters.strategies.presets.Declared`), the two
+    is switched (:class:`~fl_clusters.strategies.kit.presets.Declared`), the two
     things ``preset = "paper"`` changes.
     """
     if PRESET_KEY not in strategy_keys(strategy):

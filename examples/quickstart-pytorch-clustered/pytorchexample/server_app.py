@@ -1,7 +1,7 @@
 """pytorchexample: the quickstart's ServerApp with a clustered strategy in FedAvg's place.
 
 Run-config key ``strategy`` names any strategy of
-``fl_clusters.strategies.registry.strategy_names()`` (``fedavg``, ``ifca``, ``cfl``...);
+``fl_clusters.strategies.kit.registry.strategy_names()`` (``fedavg``, ``ifca``, ``cfl``...);
 fl-clusters run-config keys the app does not use itself (``num-clusters``,
 ``cfl-eps1``...) go to the strategy. In your own app, the strategy line is all
 that changes: ``strategy = IFCA(num_clusters=2, fraction_evaluate=...)``.
@@ -24,8 +24,8 @@ from flwr.serverapp.strategy import Result, Strategy
 from sklearn.metrics import adjusted_rand_score
 
 from fl_clusters.config import config_keys, parse_run_config
-from fl_clusters.strategies.registry import build_strategy
-from fl_clusters.strategies.results import cluster_models
+from fl_clusters.strategies.kit.results import cluster_models
+from fl_clusters.strategy_builder import build_strategy
 from pytorchexample.task import Net, load_centralized_dataset, run_config, test
 
 # The app's own keys; fl-clusters has keys of the same name for its own ClientApp.

@@ -39,8 +39,8 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import group_by_kmeans, warm_start_points
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.replies import describe_steps_done, reply_layers, reply_updates
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.replies import describe_steps_done, reply_layers, reply_updates
 
 # What k-means groups in a warm start: the output layer's updates less their mean
 # row (warm_start_points), or each node's whole flattened update.

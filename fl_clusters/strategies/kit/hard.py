@@ -13,10 +13,10 @@ from flwr.serverapp import Grid
 from sklearn.metrics import pairwise_distances
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.awcfl import AWCFLOption
-from fl_clusters.strategies.mcfl import MCFLOption
-from fl_clusters.strategies.replies import average_replies, reply_updates, train_losses
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER
+from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
+from fl_clusters.strategies.kit.options.mcfl import MCFLOption
+from fl_clusters.strategies.kit.replies import average_replies, reply_updates, train_losses
+from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 
 class HardClusteredStrategy(AWCFLOption, MCFLOption):
@@ -30,13 +30,14 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
     Parameters
     ----------
     fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.base.ClusteredStrategy`.
+        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     awcfl_beta : float (default: 0.0)
-        AWCFL inter-cluster weighting (:class:`~fl_clusters.strategies.awcfl.AWCFLOption`):
-        cluster k becomes ``beta/(n-1) * sum of the other clusters + (1-beta) * its
-        own mean``. 0 is plain clustered aggregation.
+        AWCFL inter-cluster weighting
+        (:class:`~fl_clusters.strategies.kit.options.awcfl.AWCFLOption`): cluster k
+        becomes ``beta/(n-1) * sum of the other clusters + (1-beta) * its own
+        mean``. 0 is plain clustered aggregation.
     mcfl : bool (default: False)
-        MCFL (:class:`~fl_clusters.strategies.mcfl.MCFLOption`): before round 1
+        MCFL (:class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`): before round 1
         every node uploads the mean of ``mcfl_feature_samples`` sampled training
         inputs; a cluster's feature is the mean over its members' uploads, and at
         evaluation a node takes the cluster model whose feature is nearest to the

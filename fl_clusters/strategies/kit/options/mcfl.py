@@ -19,10 +19,10 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import cluster_feature_means
-from fl_clusters.strategies.awcfl import SOURCE
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.recipes import RecipeValue
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.options.awcfl import SOURCE
+from fl_clusters.strategies.kit.recipes import RecipeValue
 
 
 def feature_queries(nodes: Iterable[int], num_samples: int) -> dict[int, RecordDict]:

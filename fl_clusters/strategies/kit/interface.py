@@ -1,8 +1,8 @@
 """What fl-clusters' ServerApp asks of a strategy, beyond Flower's ``Strategy``.
 
 Every strategy the run config names implements it: the clustered strategies
-through :class:`~fl_clusters.strategies.base.ClusteredStrategy`, Flower's FedAvg
-and FedProx through :class:`~fl_clusters.strategies.flower_baseline.FlowerBaseline`.
+through :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`, Flower's FedAvg
+and FedProx through :class:`~fl_clusters.strategies.kit.flower_baseline.FlowerBaseline`.
 The ServerApp, the checkpoints and the results use nothing else, so none of
 them needs to know which kind of strategy runs.
 """

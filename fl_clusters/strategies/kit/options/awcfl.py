@@ -10,9 +10,9 @@ from flwr.common.logger import log
 
 from fl_clusters import protocol as p
 from fl_clusters.clustering import inter_cluster_mix
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.behaviours import Behaviour
-from fl_clusters.strategies.recipes import RecipeValue
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.recipes import RecipeValue
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
 SOURCE = "Li and Yan 2023 (seed 000)"

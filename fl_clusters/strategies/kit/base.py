@@ -17,7 +17,7 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_clusters import protocol as p
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
 from fl_clusters.placement_regret import warn_if_clustering_broke
-from fl_clusters.strategies.evaluation import (
+from fl_clusters.strategies.kit.evaluation import (
     EvaluateFn,
     cluster_accuracy,
     clusters_used,
@@ -25,10 +25,10 @@ from fl_clusters.strategies.evaluation import (
     mean_metrics,
     per_cluster_evaluate,
 )
-from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
-from fl_clusters.strategies.presets import Declared
-from fl_clusters.strategies.replies import count_failed_round, validate_replies
-from fl_clusters.strategies.shared_params import (
+from fl_clusters.strategies.kit.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.kit.presets import Declared
+from fl_clusters.strategies.kit.replies import count_failed_round, validate_replies
+from fl_clusters.strategies.kit.shared_params import (
     FRACTION_EVALUATE,
     FRACTION_TRAIN,
     MAX_FAILED_ROUNDS,
@@ -49,8 +49,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
     skips) error replies and replies with NaN/Inf or wrong shapes, and evaluates
     each node with the model it would use. AWCFL and MCFL are options composed
     into the strategies that offer them
-    (:class:`~fl_clusters.strategies.awcfl.AWCFLOption`,
-    :class:`~fl_clusters.strategies.mcfl.MCFLOption`).
+    (:class:`~fl_clusters.strategies.kit.options.awcfl.AWCFLOption`,
+    :class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`).
 
     Parameters
     ----------
@@ -194,7 +194,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         """Keep the replies that can be used, in node order; log every one that cannot.
 
         ``replies``, ``reference``, ``stage`` and ``fields`` are those of
-        :func:`~fl_clusters.strategies.replies.validate_replies`; ``fields=None``
+        :func:`~fl_clusters.strategies.kit.replies.validate_replies`; ``fields=None``
         means ``train-loss`` when ``trains`` and nothing otherwise.
 
         Parameters
@@ -202,7 +202,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         trains : bool
             Whether these are the replies of a round's training: a training round
             without one valid reply counts towards ``max_failed_rounds``
-            (:func:`~fl_clusters.strategies.replies.count_failed_round`); a
+            (:func:`~fl_clusters.strategies.kit.replies.count_failed_round`); a
             query's (an estimate, a placement, a trial) never does.
         """
         if fields is None:
@@ -291,8 +291,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
         return self.check_replies(replies, start, stage, trains=False)
 
     def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
-        """None: only a strategy with MCFL (:class:`~fl_clusters.strategies.mcfl.MCFLOption`)
-        has cluster features."""
+        """None: only a strategy with MCFL
+        (:class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`) has cluster features."""
         return None
 
     def mcfl_test_samples(self) -> int | None:
@@ -310,7 +310,7 @@ class ClusteredStrategy(ServerStrategy, Declared):
         cluster's model; any other node receives every cluster model and picks by its
         training loss. Under MCFL every node receives every cluster model and the
         clusters' features, and picks the cluster whose feature is nearest to the
-        mean of its test inputs (:func:`~fl_clusters.strategies.evaluation.evaluate_content`).
+        mean of its test inputs (:func:`~fl_clusters.strategies.kit.evaluation.evaluate_content`).
         """
         fraction = self.evaluated_share(server_round, self.fraction_evaluate)
         if fraction == 0.0:

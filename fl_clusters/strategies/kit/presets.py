@@ -1,9 +1,9 @@
 """Presets: the library's defaults (``robust``) or the algorithm as published (``paper``).
 
 A strategy class is :class:`Declared`: it lists its constructor arguments
-(``params``, :class:`~fl_clusters.strategies.params.Param`) and its rules that
+(``params``, :class:`~fl_clusters.strategies.kit.params.Param`) and its rules that
 depart from the paper (``behaviours``,
-:class:`~fl_clusters.strategies.behaviours.Behaviour`). Under ``preset="paper"``
+:class:`~fl_clusters.strategies.kit.behaviours.Behaviour`). Under ``preset="paper"``
 every argument the caller did not name takes its declaration's paper value and
 every switched rule runs the paper's; ``paper_revision`` counts changes to what
 that preset computes, so that results recorded before a change are stale.
@@ -18,9 +18,9 @@ from typing import Any, ClassVar, Self
 
 from flwr.common.logger import log
 
-from fl_clusters.strategies.behaviours import Behaviour, behaviour_switches
-from fl_clusters.strategies.params import NOT_GIVEN, SAME, Param, check_params, check_signature
-from fl_clusters.strategies.recipes import RecipeValue, check_recipe
+from fl_clusters.strategies.kit.behaviours import Behaviour, behaviour_switches
+from fl_clusters.strategies.kit.params import NOT_GIVEN, SAME, Param, check_params, check_signature
+from fl_clusters.strategies.kit.recipes import RecipeValue, check_recipe
 
 PRESETS = ("robust", "paper")
 
@@ -46,7 +46,7 @@ class Declared:
     # Its own rules that depart from the paper; a subclass follows its bases' too
     # (declared_behaviours).
     behaviours: ClassVar[tuple[Behaviour, ...]] = ()
-    # How its paper trained (fl_clusters.strategies.recipes): the values the paper
+    # How its paper trained (fl_clusters.strategies.kit.recipes): the values the paper
     # gives, each with its source; fl-clusters' ServerApp applies them under
     # preset="paper" (paper_recipe).
     recipe: ClassVar[tuple[RecipeValue, ...]] = ()

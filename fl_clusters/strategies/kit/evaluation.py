@@ -8,7 +8,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fl_clusters import protocol as p
-from fl_clusters.strategies.replies import num_examples
+from fl_clusters.strategies.kit.replies import num_examples
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 

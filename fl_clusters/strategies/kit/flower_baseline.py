@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
-from fl_clusters.strategies.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.kit.interface import RoundHistory, ServerStrategy
 
 
 class KeyOrderedNodes:

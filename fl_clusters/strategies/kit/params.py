@@ -2,13 +2,13 @@
 
 One declaration (:class:`Param`) serves a strategy's constructor argument and a
 run-config key alike. A strategy class lists its constructor arguments as
-declarations (``params``, see :class:`~fl_clusters.strategies.presets.Declared`);
+declarations (``params``, see :class:`~fl_clusters.strategies.kit.presets.Declared`);
 the base class checks every argument against them in one call
 (:func:`check_params`). fl-clusters' run config (fl_clusters/config.py) is the
 keys of these declarations plus its own declarations of the data, the clients
 and the run, and docs/generate_strategies.py writes the documentation and
 pyproject.toml's keys from them. The declarations several strategies share are
-in :mod:`fl_clusters.strategies.shared_params`.
+in :mod:`fl_clusters.strategies.kit.shared_params`.
 
 A bad value gets one kind of message wherever it came from: the name as the user
 wrote it (the argument's for a constructor, the kebab-case key for a run

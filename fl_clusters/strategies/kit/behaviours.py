@@ -1,10 +1,10 @@
 """Behaviours declared once: where a strategy's rule departs from its paper's.
 
-A :class:`~fl_clusters.strategies.params.Param` declares a departure that is a
+A :class:`~fl_clusters.strategies.kit.params.Param` declares a departure that is a
 value (IFCA's ``init``, CFL's ``gate``); a :class:`Behaviour` declares one that
 no argument shows: a rule the code follows (ACFL's trial federation, FLDC's
 round 0, AWCFL's weighting). A strategy class lists its own in ``behaviours``
-(see :class:`~fl_clusters.strategies.presets.Declared`), next to its ``params``;
+(see :class:`~fl_clusters.strategies.kit.presets.Declared`), next to its ``params``;
 docs/generate_strategies.py writes both into docs/paper-fidelity.md, and
 tests/test_presets.py fails when the robust and the paper preset build objects
 that differ in anything neither declares.

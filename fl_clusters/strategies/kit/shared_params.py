@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fl_clusters.strategies.params import Param
-from fl_clusters.strategies.presets import PRESETS
+from fl_clusters.strategies.kit.params import Param
+from fl_clusters.strategies.kit.presets import PRESETS
 
 # 0 would sample no one: every round a failed one, the run stopping without a word
 # of which setting caused it.

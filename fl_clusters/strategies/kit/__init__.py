@@ -27,8 +27,9 @@ complete one)::
   :func:`average_replies`, :func:`num_examples`, :func:`train_losses`, and the
   math on them (:func:`flatten_models`, :func:`nearest_feature`);
 - registration: a subclass with a ``name`` registers itself when its module is
-  imported, and the registry imports every module of ``fl_clusters/strategies/``;
-  :func:`registered` lists what is registered.
+  imported; :mod:`fl_clusters.strategies.kit.registry` imports every module of
+  ``fl_clusters/strategies/`` and the installed packages' entry points, and
+  lists what is registered (``strategy_classes``).
 """
 
 from __future__ import annotations
@@ -41,29 +42,27 @@ from fl_clusters.protocol import (
     record_to_numpy,
     unpack_clusters,
 )
-from fl_clusters.strategies.base import ClusteredStrategy
-from fl_clusters.strategies.hard import HardClusteredStrategy
-from fl_clusters.strategies.params import REQUIRED, Param
-from fl_clusters.strategies.replies import (
+from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.params import REQUIRED, Param
+from fl_clusters.strategies.kit.replies import (
     average_replies,
     num_examples,
     reply_layers,
     reply_updates,
     train_losses,
 )
-from fl_clusters.strategies.shared_params import FRACTION_TRAIN, INTER_CLUSTER, num_clusters_param
-from fl_clusters.strategies.warm_start import (
+from fl_clusters.strategies.kit.shared_params import (
+    FRACTION_TRAIN,
+    INTER_CLUSTER,
+    num_clusters_param,
+)
+from fl_clusters.strategies.kit.warm_start import (
     CentresFromStart,
     KMeansStart,
     group_local_models,
     kmeans_start_problem,
 )
-
-
-def registered() -> dict[str, type[ClusteredStrategy]]:
-    """Every registered strategy by its run-config name (baselines excluded)."""
-    return dict(sorted(ClusteredStrategy.registry.items()))
-
 
 __all__ = [
     "FRACTION_TRAIN",
@@ -86,7 +85,6 @@ __all__ = [
     "pack_clusters",
     "random_like",
     "record_to_numpy",
-    "registered",
     "reply_layers",
     "reply_updates",
     "train_losses",

@@ -1,0 +1,1 @@
+"""Options composed into the strategies that offer them: AWCFL's mixing, MCFL's features."""
