@@ -2,6 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(abspath $(VENV)/bin)
+# The Flower releases the project supports (pyproject.toml's range,
+# docs/flower-versions.md): the venv holds the first, `make test-flwr-1.42` runs
+# the fast suite on the second.
+FLWR_PINNED := 1.41.0
+FLWR_NEWER := 1.42.0
 # `run` pipes flwr's output and must keep its exit status.
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -24,14 +29,16 @@ RUN_OUTPUT_FILTER := awk '{ if (held != "") print held; held = ""; \
 
 PYPROJECT_KEPT := .pyproject.toml.before-flwr-run
 
-.PHONY: setup run test test-all lint stop-local-superlink reproduce reproduce-quick \
-	reproduce-papers
+.PHONY: setup run test test-all test-flwr-1.42 lint stop-local-superlink reproduce \
+	reproduce-quick reproduce-papers
 
 setup: $(VENV)/.installed
 
+# pyproject.toml admits every supported Flower; the venv holds the one that the
+# measured numbers and the full suite use.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" "flwr[simulation]==$(FLWR_PINNED)"
 	touch $@
 
 # The main job: IFCA on 4-rotation digits, 20 simulated clients, no download.
@@ -65,8 +72,49 @@ test: setup
 	$(PYTEST) -m "not slow"
 
 # The slowest tests are listed at the end, so that CI's log shows where time goes.
+# tests/test_one_file.py runs the whole fast suite again, in a copy of the
+# repository with one strategy file added: test-all leaves it to test-flwr-1.42,
+# which runs it on the newer Flower, so that one run of the fast suite is both the
+# one-file proof and the newer Flower's fast suite (CI runs both targets).
+ONE_FILE_TEST := tests/test_one_file.py
 test-all: setup
-	$(PYTEST) --durations=25
+	$(PYTEST) --durations=25 --ignore=$(ONE_FILE_TEST)
+
+# The fast suite on the newer supported Flower, from a venv that builds in seconds:
+# it holds flwr $(FLWR_NEWER), what flwr $(FLWR_NEWER) requires at a version that
+# flwr $(FLWR_PINNED) excludes (their Requires-Dist) and fl-clusters (editable, so
+# that `pip check` holds pyproject.toml's range against $(FLWR_NEWER)), and finds
+# every other package (torch, Ray, ...) in $(VENV) after its own (a .pth file that
+# calls site.addsitedir, so that $(VENV)'s own .pth files apply too). Its bin/ holds
+# a copy of each of $(VENV)'s commands (pytest, ray, ...) that runs its python: the
+# suite starts `flwr`, the SuperLink and the deploy scripts from there.
+NEWER_VENV := .venv-flwr-$(FLWR_NEWER)
+NEWER_PY := $(NEWER_VENV)/bin/python
+FLWR_NEWER_RAISED := "uv>=0.13.5,<0.14"
+
+$(NEWER_VENV)/.installed: $(VENV)/.installed pyproject.toml
+	rm -rf $(NEWER_VENV)
+	$(PY) -m venv --without-pip $(NEWER_VENV)
+	$(PY) -m pip --python $(NEWER_PY) install -q --no-deps -e . \
+		"flwr[simulation]==$(FLWR_NEWER)" $(FLWR_NEWER_RAISED)
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; \
+		print(sysconfig.get_path("purelib"))')')" \
+		> "$$($(NEWER_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz-base-venv.pth"
+	@for command in $(VENV)/bin/*; do target=$(NEWER_VENV)/bin/$${command##*/}; \
+		if [ ! -e $$target ] && head -n1 $$command | grep -qx '#!$(BIN)/python[0-9.]*'; then \
+			sed '1s|.*|#!$(abspath $(NEWER_PY))|' $$command > $$target && chmod +x $$target; \
+		fi; done
+	$(PY) -m pip --python $(NEWER_PY) check
+	$(NEWER_VENV)/bin/flwr --version | grep -qx "Flower version: $(FLWR_NEWER)"
+	touch $@
+
+# The fast suite on flwr $(FLWR_NEWER), run by $(ONE_FILE_TEST) in a copy of the
+# repository that holds one more strategy file (see test-all); then that test's
+# own assertions. FAST_SUITE=1 runs the fast suite here as it is instead.
+test-flwr-1.42: $(NEWER_VENV)/.installed
+	PATH=$(abspath $(NEWER_VENV))/bin:$$PATH FLC_VENV=$(abspath $(NEWER_VENV)) \
+		$(NEWER_PY) -m pytest -q -p no:cacheprovider \
+		$(if $(FAST_SUITE),-n $(TEST_WORKERS) --dist loadgroup -m "not slow",$(ONE_FILE_TEST))
 
 lint: setup
 	$(BIN)/ruff check fl_clusters tests benchmarks examples

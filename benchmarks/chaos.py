@@ -32,7 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fl_clusters.chaos import FaultInjector, run_chaos
+from fl_clusters.chaos import run_chaos
+from fl_clusters.fault_injection import FaultInjector
 from fl_clusters.sweep.provenance import measurement_provenance
 
 OUT = Path(__file__).resolve().parent / "measured" / "chaos.json"

@@ -59,13 +59,13 @@ from sklearn.metrics import adjusted_rand_score
 import fl_clusters
 from benchmarks.plugin_quickstart import (
     FEDAVG,
-    QUICKSTART_CONFIG,
     ROOT,
     documented_call,
     plugged_diffs,
     run_app,
     write_app,
 )
+from benchmarks.quickstart_pytorch import QUICKSTART_CONFIG
 from fl_clusters.files import atomic_output
 from fl_clusters.flower_log import show_warnings_only
 from fl_clusters.sweep.provenance import measurement_provenance
@@ -82,12 +82,11 @@ STRATEGIES = ("IFCA", "CFL", "ACFL", "FedSoft", "FLDC", "FLHC", "WeCFL", "FedEM"
 BASE_CONFIG: dict[str, Any] = {
     **QUICKSTART_CONFIG, "num-server-rounds": ROUNDS, "validation-fraction": 0.2,
 }
-# Start-up warnings by which a strategy says it cannot do what the run asks, though
-# it runs on: FLDC's that its one global model gives no group a model of its own, and
-# that groups smaller than its DBSCAN min_pts form no cluster.
-# What a strategy says when it cannot work a setting: at its start (FLDC), when its one
-# clustering step keeps every node in one cluster (FL+HC's cut, ACFL's trials), or when
-# its run ends with soft weights that tell no cluster apart (FedSoft).
+# What a strategy says when it cannot work a setting, though it runs on: at its start
+# (FLDC: its one global model gives no group a model of its own; groups smaller than its
+# DBSCAN min_pts form no cluster), when its one clustering step keeps every node in one
+# cluster (FL+HC's cut, ACFL's trials), or when its run ends with soft weights that tell
+# no cluster apart (FedSoft).
 CANNOT_WARNINGS = ("FLDC trains one global model", "cannot form its own DBSCAN cluster",
                    "the updates form ONE cluster", "in ONE cluster",
                    "tell the clusters apart for no node")
@@ -305,9 +304,22 @@ def section(results: Mapping[str, Any]) -> str:
         "| setting | strategy | ARI by seed | mean accuracy | min accuracy | seconds a run |",
         "|---|---|---|---|---|---|",
     ]
+    rows, cannot, missed = _table_rows(measured)
+    return "\n".join([*lines, *rows, *_shortfalls(cannot, missed)]) + "\n"
+
+
+# strategy -> reason -> (setting, seed) of each run that gave it
+Cannot = dict[str, dict[str, list[tuple[str, int]]]]
+
+
+def _table_rows(
+    measured: Mapping[str, Any],
+) -> tuple[list[str], Cannot, dict[str, list[str]]]:
+    """The table's rows (markers), the strategies that said they cannot and the settings
+    in which each strategy missed the groups."""
+    lines: list[str] = []
     recorded_seeds = sorted({int(key.rsplit("|", 1)[1]) for key in measured})
-    # strategy -> reason -> (setting, seed) of each run that gave it
-    cannot: dict[str, dict[str, list[tuple[str, int]]]] = {}
+    cannot: Cannot = {}
     missed: dict[str, list[str]] = {}
     for name, setting in SETTINGS.items():
         for strategy in STRATEGIES:
@@ -332,6 +344,13 @@ def section(results: Mapping[str, Any]) -> str:
                 missed_groups(measured[run_key(name, strategy, s)],
                               measured.get(run_key(name, FEDAVG, s))) for s in seeds):
                 missed.setdefault(strategy, []).append(setting.label)
+    return lines, cannot, missed
+
+
+def _shortfalls(cannot: Cannot, missed: Mapping[str, list[str]]) -> list[str]:
+    """The lines under the table: the strategies that missed the groups without saying so,
+    then those that said they cannot, with their reasons."""
+    lines: list[str] = []
     if missed:
         lines += ["", "Missed the groups in a seed without saying so (ARI below 1, a mean "
                   f"accuracy not {ABOVE_FEDAVG} above FedAvg's on the same setting and seed, "
@@ -345,7 +364,7 @@ def section(results: Mapping[str, Any]) -> str:
                 name, seed = runs_said[0]
                 expr = f'd["results"][key("{name}", "{strategy}", {seed})]["cannot"]'
                 lines.append(f"- {strategy} ({labels}): {_marker(expr, reason)}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def measured_numbers() -> ModuleType:

@@ -19,7 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from benchmarks.overhead import federation_flwr_run, machine_info
+from benchmarks.federation_runs import federation_flwr_run
+from benchmarks.overhead import machine_info
 from fl_clusters.config import parse_run_config
 from fl_clusters.sweep.provenance import measurement_provenance
 

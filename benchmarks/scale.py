@@ -4,9 +4,10 @@ For every (strategy, N) job, runs the app's own federation with ``fraction-train
 and ``fraction-evaluate`` both ``--sampled / N`` (the last round evaluates every
 client, the final report asks every client: docs/performance.md, "What a round
 messages") and measures start-up to the end of round 1, seconds a round after it,
-bytes sent and received, and peak memory, with the measurements of
-``benchmarks/overhead.py`` (its ``flwr run`` or ``run_simulation`` runner, round
-marks and process-tree memory). A round's seconds are reported for the rounds
+bytes sent and received, and peak memory, with benchmarks/overhead.py's
+measurements (``benchmarks/federation_runs.py``: its ``flwr run`` or
+``run_simulation`` runner and round marks; ``benchmarks/processes.py``:
+process-tree memory). A round's seconds are reported for the rounds
 that message only their samples (2..N-1) and for the last round apart. Then the
 same sampled work in one plain PyTorch loop: each round the same number of
 clients, drawn with the run's seed, train and evaluate one after the other in
@@ -41,19 +42,15 @@ import numpy as np
 import torch
 
 from benchmarks.clustering_matrix import run_config_overrides
-from benchmarks.overhead import (
-    _maxrss_mb,
-    client_learner,
+from benchmarks.federation_runs import (
     federation_flwr_run,
     federation_simulation,
-    in_fresh_process,
-    machine_info,
-    plain_evaluate,
-    plain_round,
     round_stats,
     run_config,
-    write_results,
 )
+from benchmarks.overhead import machine_info, write_results
+from benchmarks.plain_loop import client_learner, plain_evaluate, plain_round
+from benchmarks.processes import in_fresh_process, maxrss_mb
 from fl_clusters.config import parse_run_config
 from fl_clusters.learner import TorchLearner
 from fl_clusters.server_app import initial_arrays
@@ -113,7 +110,7 @@ def _plain_child(config: dict[str, Any], clients: int, sampled: int, t0: float,
         "round_s": round_s,
         "accuracy": accuracy,
         "clients_loaded": len(learners),
-        "maxrss_mb": _maxrss_mb(resource.getrusage(resource.RUSAGE_SELF)),
+        "maxrss_mb": maxrss_mb(resource.getrusage(resource.RUSAGE_SELF)),
     })
 
 

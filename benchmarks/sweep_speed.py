@@ -25,10 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fl_clusters.results import load_models
+from fl_clusters.sweep.cells import Cell
 from fl_clusters.sweep.provenance import measurement_provenance
 from fl_clusters.sweep.spec import load_sweep
 
@@ -173,6 +175,54 @@ def outcome(folder: Path) -> dict[str, Any]:
     }
 
 
+def run_separately(cells: Sequence[Cell], folder: Path) -> tuple[list[dict[str, Any]], float]:
+    """Every cell as its own ``flwr run`` in a copy of the checkout; the runs and their
+    wall time together."""
+    app, env = app_copy(folder)
+    _wait_for_no_superlink()
+    separate = []
+    start = time.monotonic()
+    try:
+        for i, cell in enumerate(cells):
+            # Every key: the app's pyproject.toml defaults must not decide the config.
+            separate.append(flwr_run(cell.settings, folder / f"flwr-run-{i}", app, env))
+    finally:
+        _stop_local_superlink()
+    return separate, time.monotonic() - start
+
+
+def compare_runs(
+    cells: Sequence[Cell], swept: dict[str, Any], separate: list[dict[str, Any]], folder: Path
+) -> list[dict[str, Any]]:
+    """Each cell's run in the sweep and by itself, which must agree; their times and scores.
+
+    Raises
+    ------
+    RuntimeError
+        Naming the cell and the fields where the two runs differ.
+    """
+    by_key = {line["key"]: line for line in swept["lines"]}
+    runs = []
+    for cell, alone in zip(cells, separate, strict=True):
+        line = by_key[cell.key]
+        in_sweep = outcome(folder / "sweep" / line["results_folder"])
+        by_itself = outcome(alone["folder"])
+        if in_sweep != by_itself:
+            differing = sorted(
+                key for part in ("run_config", "summary", "models")
+                for key in set(in_sweep[part]) | set(by_itself[part])
+                if in_sweep[part].get(key) != by_itself[part].get(key)
+            )
+            raise RuntimeError(f"{cell.name}: the sweep and flwr run differ in {differing}")
+        runs.append({
+            "cell": cell.name, "run_config": cell.run_config,
+            "sweep_run_s": line["seconds"], "flwr_run_s": alone["wall_s"],
+            "ari": in_sweep["summary"]["ari"],
+            "personalized_accuracy": in_sweep["summary"]["personalized_accuracy"],
+        })
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=20, help="runs (default 20)")
@@ -192,37 +242,9 @@ def main() -> None:
         provenance["load_average_before"] = os.getloadavg()
         swept = run_as_sweep(path, folder / "sweep")
         provenance["load_average_after_sweep"] = os.getloadavg()
-        app, env = app_copy(folder)
-        _wait_for_no_superlink()
-        separate = []
-        start = time.monotonic()
-        try:
-            for i, cell in enumerate(sweep.cells):
-                # Every key: the app's pyproject.toml defaults must not decide the config.
-                separate.append(flwr_run(cell.settings, folder / f"flwr-run-{i}", app, env))
-        finally:
-            _stop_local_superlink()
-        separate_wall = time.monotonic() - start
+        separate, separate_wall = run_separately(sweep.cells, folder)
         provenance["load_average_after_flwr_runs"] = os.getloadavg()
-        by_key = {line["key"]: line for line in swept["lines"]}
-        runs = []
-        for cell, alone in zip(sweep.cells, separate, strict=True):
-            line = by_key[cell.key]
-            in_sweep = outcome(folder / "sweep" / line["results_folder"])
-            by_itself = outcome(alone["folder"])
-            if in_sweep != by_itself:
-                differing = sorted(
-                    key for part in ("run_config", "summary", "models")
-                    for key in set(in_sweep[part]) | set(by_itself[part])
-                    if in_sweep[part].get(key) != by_itself[part].get(key)
-                )
-                raise RuntimeError(f"{cell.name}: the sweep and flwr run differ in {differing}")
-            runs.append({
-                "cell": cell.name, "run_config": cell.run_config,
-                "sweep_run_s": line["seconds"], "flwr_run_s": alone["wall_s"],
-                "ari": in_sweep["summary"]["ari"],
-                "personalized_accuracy": in_sweep["summary"]["personalized_accuracy"],
-            })
+        runs = compare_runs(sweep.cells, swept, separate, folder)
     result = {
         "provenance": provenance,
         "what": f"{args.cells} runs (digits, {CLIENTS} clients, {ROUNDS} rounds) as one sweep "

@@ -6,7 +6,8 @@ clustered message it picks the cluster model the node should use, hands the user
 handler a FedAvg-shaped message (that model under ``"arrays"``, the server's config
 untouched), calls it, and adds what the protocol needs to the reply. It also
 registers the queries clustered strategies send (report, cluster_losses,
-sample_assignment, features), scored with the user's model and data loaders.
+sample_assignment, features, and the queries a strategy declares itself,
+``query.strategy``), scored with the user's model and data loaders.
 FedEM's tasks are the exception: its M-step weighs every training sample, which a
 FedAvg-style handler cannot do, so fl-clusters' own learner trains them, as many steps
 as the handler takes; ACFL's

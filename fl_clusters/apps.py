@@ -64,5 +64,7 @@ def _handle(message: Message, context: Context) -> Message:
 client_app = ClientApp()
 client_app.train()(_handle)
 client_app.evaluate()(_handle)
+# The strategies' own queries share one type (query.strategy), so this app answers
+# those of a strategy added later too; their functions are found when one comes.
 for _query in p.QUERY_TYPES:
     client_app.query(p.action_of(_query))(_handle)

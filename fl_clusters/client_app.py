@@ -36,6 +36,10 @@ def register_handlers(
 ) -> ClientApp:
     """Add every fl-clusters message handler to a ClientApp.
 
+    The queries strategies declare themselves (``query.strategy``) are answered
+    by the function of the registered strategy that declares the query's name,
+    given the learner ``learner_fn`` builds.
+
     Parameters
     ----------
     app : ClientApp

@@ -6,7 +6,7 @@ come from ``[tool.flwr.app.config]`` plus ``--run-config`` overrides. Under
 pyproject.toml. Every value is checked once, at the boundary, and a bad one stops the
 run with an error that names the key, the value and what is allowed.
 
-Every key is a :class:`~fl_clusters.strategies.kit.params.Param` declaration, the one a
+Every key is a :class:`~fl_clusters.params.Param` declaration, the one a
 strategy's constructor arguments use: the keys of the data, the clients and the run
 are declared here (:data:`COMMON_KEYS`); a strategy's keys are its declared
 parameters, grouped by the class that declares them, so a strategy registered from
@@ -25,14 +25,16 @@ from typing import Any
 from flwr.common.logger import log
 
 from fl_clusters.errors import ConfigurationError
+from fl_clusters.params import Param, ParamError
 from fl_clusters.protocol import OPTIMIZERS
 from fl_clusters.strategies.kit.base import ClusteredStrategy
-from fl_clusters.strategies.kit.params import Param, ParamError
 from fl_clusters.strategies.kit.registry import (
     BASELINES,
+    broken_plugins,
     own_strategies,
     strategy_classes,
     strategy_names,
+    unknown_strategy_message,
 )
 from fl_clusters.strategies.kit.shared_params import (
     FRACTION_EVALUATE,
@@ -227,6 +229,9 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
         try:
             settings[name] = keys[name].run_config_value(value)
         except ParamError as error:
+            if name == "strategy" and isinstance(value, str) and value in broken_plugins:
+                # The name of an installed plug-in that did not load: say why.
+                raise ConfigurationError(unknown_strategy_message(value)) from error
             raise ConfigurationError(
                 f"{error}. Fix it in [tool.flwr.app.config] or with --run-config "
                 f"\"{name}=...\"."

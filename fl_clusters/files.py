@@ -1,5 +1,7 @@
 """Files written whole or not at all, and their SHA-256 to check them when read back.
 
+JSON is written strictly (:func:`strict_json`): what other tools read back.
+
 A results folder's checkpoint and models are replaced atomically: the new content
 goes to a temporary file in the same folder, is flushed to disk, and only then
 takes the final name (``os.replace``). A process killed at any moment leaves the
@@ -12,11 +14,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 CHUNK = 1 << 20
 
@@ -90,3 +94,19 @@ def sha256_of(path: Path) -> str:
         while chunk := source.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
+def strict_json(value: Any, indent: int | None = None) -> str:
+    """Standard JSON: an undefined metric (NaN, e.g. inter-cluster accuracy with one
+    group) becomes ``null`` instead of the non-standard ``NaN`` token."""
+    return json.dumps(_finite_or_none(value), indent=indent, allow_nan=False)

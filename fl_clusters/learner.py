@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters.models import arrays_to_model, model_to_arrays
-from fl_clusters.optimizers import OptimizerFn
+from fl_clusters.optimizers import OptimizerFn, optimizer_step
 
 EVAL_BATCH = 1024
 
@@ -48,19 +47,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("run-config key 'device' is 'cuda' but this node sees no GPU; use 'auto'")
     return torch.device(name)
-
-
-def _sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
-    """One plain SGD step, ``p -= lr * p.grad``: what ``torch.optim.SGD(lr=lr).step()`` does.
-
-    Written out because constructing ``torch.optim.SGD`` imports ``torch._dynamo``
-    (about 1 s, measured), once in every process that trains: every simulation
-    actor paid it on its first message, on the critical path of round 1.
-    """
-    with torch.no_grad():
-        for p in params:
-            if p.grad is not None:
-                p.add_(p.grad, alpha=-lr)
 
 
 def centers_on(
@@ -261,13 +247,25 @@ class TorchLearner:
         """
         weights = self._sample_weights(sample_weights)
         self._load(arrays)
-        params = dict(self.model.named_parameters())
-        step = (partial(_sgd_step, list(self.model.parameters()), lr) if optimizer_fn is None
-                else optimizer_fn(self.model.parameters()).step)
+        step = optimizer_step(list(self.model.parameters()), lr, optimizer_fn)
         centers = centers_on(proximal_centers, self.device)
         generator = torch.Generator().manual_seed(seed)
-        total_steps = self.num_steps(batch_size, epochs, steps)
         self.model.train()
+        losses = self._descend(self.num_steps(batch_size, epochs, steps), batch_size,
+                               generator, weights, centers, step)
+        return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0
+
+    def _descend(
+        self,
+        total_steps: int,
+        batch_size: int,
+        generator: torch.Generator,
+        weights: torch.Tensor | None,
+        centers: list[tuple[dict[str, torch.Tensor], float]],
+        step: Callable[[], object],
+    ) -> list[float]:
+        """``total_steps`` optimizer steps over training batches; each step's data loss."""
+        params = dict(self.model.named_parameters())
         losses: list[float] = []
         while len(losses) < total_steps:
             for x, y, idx in self._training_batches(batch_size, generator, weights is not None):
@@ -280,7 +278,7 @@ class TorchLearner:
                 step()
                 if len(losses) >= total_steps:
                     break
-        return model_to_arrays(self.model), float(np.mean(losses)) if losses else 0.0
+        return losses
 
     def _training_batches(
         self, batch_size: int, generator: torch.Generator, indexed: bool

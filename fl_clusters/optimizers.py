@@ -30,3 +30,29 @@ def optimizer_for(name: str, lr: float) -> OptimizerFn | None:
     if name == "adam":
         return partial(torch.optim.Adam, lr=lr)
     raise ValueError(f"unknown optimizer {name!r}; use 'sgd', 'sgd-momentum' or 'adam'")
+
+
+def optimizer_step(
+    params: list[torch.nn.Parameter], lr: float, optimizer_fn: OptimizerFn | None
+) -> Callable[[], object]:
+    """The step a training task takes after each backward pass.
+
+    ``optimizer_fn``'s optimizer on ``params``, built once for the task; ``None``:
+    plain SGD at ``lr`` (:func:`sgd_step`).
+    """
+    if optimizer_fn is None:
+        return partial(sgd_step, params, lr)
+    return optimizer_fn(params).step
+
+
+def sgd_step(params: Iterable[torch.Tensor], lr: float) -> None:
+    """One plain SGD step, ``p -= lr * p.grad``: what ``torch.optim.SGD(lr=lr).step()`` does.
+
+    Written out because constructing ``torch.optim.SGD`` imports ``torch._dynamo``
+    (about 1 s, measured), once in every process that trains: every simulation
+    actor paid it on its first message, on the critical path of round 1.
+    """
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)

@@ -38,6 +38,10 @@ QUERY_CLUSTER_LOSSES = "query.cluster_losses"
 QUERY_IDENTITY = "query.identity"  # start-up handshake: the node's stable key
 QUERY_STATE = "query.state"  # checkpoint: what the node keeps between rounds
 QUERY_RESTORE = "query.restore"  # resume: the kept state, sent back
+# A query a strategy declares itself (its class's client_queries), named by the
+# config key CFG_QUERY: Flower's ClientApp routes only the actions registered when
+# the app is built, so every strategy's own queries share this one type.
+QUERY_STRATEGY = "query.strategy"
 # Every query a server may send: a ClientApp registers one handler for each
 # (fl_clusters.client.queries.QUERIES maps them to the handlers).
 QUERY_TYPES = (
@@ -48,6 +52,7 @@ QUERY_TYPES = (
     QUERY_IDENTITY,
     QUERY_STATE,
     QUERY_RESTORE,
+    QUERY_STRATEGY,
 )
 
 # Config keys sent by the server.
@@ -74,6 +79,7 @@ CFG_HEAD_LAYERS = "head-layers"  # IFCA restarts: layers drawn (0 = all)
 CFG_MIXTURE = "mixture"  # FedEM: the clusters are the node's mixture components
 CFG_MIXTURE_REFIT = "mixture-refit"  # FedEM: refit pi to the components every round
 CFG_MIXTURE_FULL_STEPS = "mixture-full-steps"  # FedEM: M-step losses at full step size
+CFG_QUERY = "query"  # query.strategy: the name of the strategy's query asked
 
 # Metric keys returned by clients.
 M_NUM_EXAMPLES = "num-examples"
@@ -220,6 +226,20 @@ def _bound(value: float) -> str:
 
 SHARED_PREFIX = "shared/"
 _CLUSTER_KEY = re.compile(r"^cluster-(\d+)/(.+)$")
+
+
+def query_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a strategy's client query, or ``None`` when it can.
+
+    A name follows Flower's rule for action names (a Python identifier), so that a
+    query could as well have a message type of its own (``query.<name>``).
+    """
+    if not isinstance(name, str):
+        return f"a client query's name must be a string, got {type(name).__name__}"
+    if not name.isidentifier():
+        return (f"client query name {name!r} is not a Python identifier (letters, digits "
+                "and underscores, not starting with a digit), as Flower's action names are")
+    return None
 
 
 def action_of(message_type: str) -> str:

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from fl_clusters import protocol as p
 from fl_clusters.config import parse_run_config
-from fl_clusters.files import atomic_output, sha256_of
+from fl_clusters.files import atomic_output, sha256_of, strict_json
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.metrics import (
     density_clustering_scores,
@@ -40,7 +40,8 @@ from fl_clusters.placement import SEPARATOR as PLACE_SEPARATOR
 from fl_clusters.placement_regret import placement_fields, table_rows
 from fl_clusters.report import collect_report
 from fl_clusters.strategies.kit.base import ClusteredStrategy
-from fl_clusters.strategies.kit.interface import ServerStrategy
+from fl_clusters.strategies.kit.interface import ClusterFeatureSource as FeatureSource
+from fl_clusters.strategies.kit.interface import ServerStrategy, SimilaritySource
 
 MODELS_FILE = "models.npz"
 SUMMARY_FILE = "summary.json"
@@ -148,8 +149,8 @@ def strategy_fields(strategy: ServerStrategy, rows: list[dict[str, Any]]) -> dic
     fields.update(labelling_scores(rows, scoring.labellings))
     if scoring.density_labels is not None:
         fields.update(density_clustering_scores(rows, scoring.density_labels))
-    features = strategy.mcfl_cluster_features(len(rows[0]["test-accuracy"]))
-    if features is not None:
+    if isinstance(strategy, FeatureSource) and (features := strategy.mcfl_cluster_features(
+            len(rows[0]["test-accuracy"]))) is not None:
         fields.update(mcfl_scores(rows, features))
     return fields
 
@@ -246,7 +247,7 @@ def similarity_in_row_order(
 
     Clients the strategy did not compare (e.g. never sampled) get NaN rows.
     """
-    found = strategy.similarity_matrix()
+    found = strategy.similarity_matrix() if isinstance(strategy, SimilaritySource) else None
     if found is None:
         return None
     node_ids, matrix = found
@@ -256,22 +257,6 @@ def similarity_in_row_order(
     full[index < 0, :] = np.nan
     full[:, index < 0] = np.nan
     return full
-
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(item) for item in value]
-    return value
-
-
-def strict_json(value: Any, indent: int | None = None) -> str:
-    """Standard JSON: an undefined metric (NaN, e.g. inter-cluster accuracy with one
-    group) becomes ``null`` instead of the non-standard ``NaN`` token."""
-    return json.dumps(_finite_or_none(value), indent=indent, allow_nan=False)
 
 
 def write_results(

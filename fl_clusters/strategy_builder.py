@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_clusters.config import config_keys
+from fl_clusters.params import ParamError
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.flower_baseline import FlowerBaseline
 from fl_clusters.strategies.kit.interface import ServerStrategy
-from fl_clusters.strategies.kit.params import ParamError
 from fl_clusters.strategies.kit.registry import BASELINES, unknown_strategy_message
 
 Settings = Mapping[str, Any]

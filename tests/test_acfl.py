@@ -22,9 +22,9 @@ from fl_clusters.data import FASHION_MNIST_ROOT
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.strategies import ACFL
+from fl_clusters.testing import NUM_CLIENTS as LOOPBACK_CLIENTS
+from fl_clusters.testing import in_process_server, loopback_run
 from tests.conftest import NodesOnly, train_reply, two_layer_model
-from tests.loopback_runs import NUM_CLIENTS as LOOPBACK_CLIENTS
-from tests.loopback_runs import in_process_server, loopback_run
 
 
 class ScoringGrid:

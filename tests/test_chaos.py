@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fl_clusters.chaos import FAULTS, REPLY_FAULTS, STALL, FaultInjector, draw_fault, run_chaos
+from fl_clusters.chaos import run_chaos
+from fl_clusters.fault_injection import FAULTS, REPLY_FAULTS, STALL, FaultInjector, draw_fault
 
 NUM_CLIENTS = 20
 ROUND_TIMEOUT = 40.0  # a busy machine's cold start must not be taken for a fault

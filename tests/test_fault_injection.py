@@ -1,6 +1,6 @@
 """End to end: clients that crash, stall, or send NaN, Inf, wrong shapes or missing keys.
 
-A Flower client mod (:class:`fl_clusters.chaos.FaultInjector`) corrupts about a
+A Flower client mod (:class:`fl_clusters.fault_injection.FaultInjector`) corrupts about a
 quarter of the train and evaluate replies, chosen by a hash of (node key, round,
 message type) so every run injects the same faults. Every strategy's run must
 finish, score every client, and count what it rejected.
@@ -17,9 +17,9 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 
 from fl_clusters import protocol as p
-from fl_clusters.chaos import REPLY_FAULTS, FaultInjector
 from fl_clusters.client.task import node_key
 from fl_clusters.client_app import build_client_app
+from fl_clusters.fault_injection import REPLY_FAULTS, FaultInjector
 from tests.conftest import Federation
 
 ROUND_TIMEOUT = 20.0

@@ -348,7 +348,7 @@ def reply(msg: Message, arrays: ArrayRecord, examples: int, pi: list[float] | No
 
 def test_server_averages_each_component_weighted_by_examples(server_identity) -> None:
     """The paper's average: every component weighted by the nodes' examples."""
-    strategy = FedEM(2, init="random", seed=1, preset="paper")
+    strategy = FedEM(num_clusters=2, init="random", seed=1, preset="paper")
     start = layer(0.0, np.random.default_rng(0).normal(size=(3, 4)))
     messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}),
                                              NodesGrid([1, 2, 3, 4])))  # type: ignore[arg-type]
@@ -392,7 +392,7 @@ def test_robust_server_weighs_each_component_by_the_examples_nodes_give_it(
     server_identity,
 ) -> None:
     """Robust: component m weighted by n_t pi_tm, the rules' keys sent to the nodes."""
-    strategy = FedEM(2, init="random", seed=1)
+    strategy = FedEM(num_clusters=2, init="random", seed=1)
     start = layer(0.0, np.random.default_rng(0).normal(size=(3, 4)))
     messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}),
                                              NodesGrid([1, 2, 3])))  # type: ignore[arg-type]
@@ -427,7 +427,7 @@ def test_robust_server_weighs_each_component_by_the_examples_nodes_give_it(
 def test_random_init_keeps_the_users_initial_arrays(server_identity) -> None:
     """The plain initial model is component 0 as given; the others are drawn."""
     pretrained = layer(0.0, np.arange(12, dtype=np.float32).reshape(3, 4))
-    strategy = FedEM(3, init="random", seed=4)
+    strategy = FedEM(num_clusters=3, init="random", seed=4)
     messages = list(strategy.configure_train(1, pretrained, ConfigRecord(),
                                              NodesGrid([1, 2])))  # type: ignore[arg-type]
     components = p.unpack_clusters(messages[0].content.array_records[p.CLUSTERS])
@@ -441,7 +441,7 @@ def test_random_init_keeps_the_users_initial_arrays(server_identity) -> None:
 
 
 def test_warm_start_groups_the_first_local_models(server_identity) -> None:
-    strategy = FedEM(2, init_steps=7)
+    strategy = FedEM(num_clusters=2, init_steps=7)
     messages = list(strategy.configure_train(1, layer(0.0), ConfigRecord(),
                                              NodesGrid(range(1, 7))))  # type: ignore[arg-type]
     for msg in messages:
@@ -466,11 +466,11 @@ def test_warm_start_groups_the_first_local_models(server_identity) -> None:
 def test_bad_configuration_names_the_key() -> None:
     # Built by the user: the constructor's argument is named; from the run config: the key.
     with pytest.raises(ValueError, match="num_clusters must be an int >= 2"):
-        FedEM(1)
+        FedEM(num_clusters=1)
     with pytest.raises(ValueError, match="init must be one of 'local-kmeans', 'random'"):
-        FedEM(2, init="kmeans")
+        FedEM(num_clusters=2, init="kmeans")
     with pytest.raises(ValueError, match="init_steps must be an int >= 1"):
-        FedEM(2, init_steps=0)
+        FedEM(num_clusters=2, init_steps=0)
     with pytest.raises(ValueError, match="fedem-init"):
         parse_run_config({"strategy": "fedem", "fedem-init": "kmeans"})
     settings = parse_run_config({"strategy": "fedem", "num-clusters": 3, "fedem-init": "random"})
@@ -497,7 +497,7 @@ def test_summary_scores_the_mixture_and_pi_against_the_truth() -> None:
     # The personalized accuracy is each node's mixture, not its best component.
     assert summary["per_client_accuracy"] == [0.95, 0.85]
     assert summary["personalized_accuracy"] == pytest.approx(0.9)
-    strategy = FedEM(2)
+    strategy = FedEM(num_clusters=2)
     strategy.mixture_weights = {11: np.array([0.7, 0.3]), 12: np.array([0.2, 0.8])}
     fields = strategy_fields(strategy, rows)
     assert fields["cluster_source_match"] == [0, 1]

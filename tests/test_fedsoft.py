@@ -104,7 +104,8 @@ def test_one_message_per_drawn_node_and_plain_mean_per_cluster(server_identity) 
     counts = {1: [9, 1], 2: [8, 2], 3: [10, 0], 4: [0, 10], 5: [1, 9], 6: [5, 5],
               7: [1, 1, 1], 8: [0, 0]}
     grid = CountsGrid(counts)
-    strategy = FedSoft(2, tau=2, sigma=0.01, clients_per_cluster=4, proximal_lambda=0.3,
+    strategy = FedSoft(num_clusters=2, tau=2, sigma=0.01, clients_per_cluster=4,
+                       proximal_lambda=0.3,
                        init="random", preset="paper")
     messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord({"lr": 0.1}), grid))  # type: ignore[arg-type]
     assert grid.queries == 8 and strategy.rejected_replies == 2
@@ -162,7 +163,7 @@ def test_cluster_models_weigh_the_drawn_nodes_by_importance(
     # groups. The robust rule weighs every drawn node by u_ks n_k; by default (no K)
     # every node trains every round.
     counts = {1: [10, 0], 2: [10, 0], 3: [10, 0], 4: [0, 10], 5: [0, 10], 6: [0, 10]}
-    strategy = FedSoft(2, init="random", clients_per_cluster=clients_per_cluster)
+    strategy = FedSoft(num_clusters=2, init="random", clients_per_cluster=clients_per_cluster)
     assert strategy.importance_weighted_mean and strategy.sigma == 1e-4
     grid = CountsGrid(counts)
     messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
@@ -175,7 +176,7 @@ def test_cluster_models_weigh_the_drawn_nodes_by_importance(
     for model, group in zip(p.unpack_clusters(packed), members, strict=True):
         # The group's mean (every node counted 10 samples), the others at sigma.
         np.testing.assert_allclose(model["layer.bias"].numpy(), np.mean(group), rtol=1e-3)
-    paper = FedSoft(2, init="random", clients_per_cluster=5, preset="paper")
+    paper = FedSoft(num_clusters=2, init="random", clients_per_cluster=5, preset="paper")
     assert not paper.importance_weighted_mean
     messages = list(paper.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(counts)))  # type: ignore[arg-type]
     packed, _ = paper.aggregate_train(1, _replies(messages))
@@ -192,7 +193,7 @@ def test_the_last_round_says_when_no_importance_weight_tells_the_clusters_apart(
     # clusters average the nodes alike, and the run must say so at its end.
     said = "tell the clusters apart for no node"
     ties = {1: [52, 48], 2: [47, 53], 3: [50, 50], 4: [51, 49]}
-    strategy = FedSoft(2, init="random")
+    strategy = FedSoft(num_clusters=2, init="random")
     strategy.final_round = 2
     with caplog.at_level(logging.WARNING):
         list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(ties)))  # type: ignore[arg-type]
@@ -201,7 +202,7 @@ def test_the_last_round_says_when_no_importance_weight_tells_the_clusters_apart(
     assert said in caplog.text and "largest 0.53" in caplog.text
     caplog.clear()
     groups = {1: [60, 40], 2: [47, 53], 3: [50, 50], 4: [51, 49]}  # node 1 leans to 0
-    strategy = FedSoft(2, init="random")
+    strategy = FedSoft(num_clusters=2, init="random")
     strategy.final_round = 1
     with caplog.at_level(logging.WARNING):
         list(strategy.configure_train(1, _model(0.0), ConfigRecord(), CountsGrid(groups)))  # type: ignore[arg-type]
@@ -213,7 +214,7 @@ def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:
     # groups, and cluster s must start as the plain mean of its group's models.
     counts = {n: [5, 5] for n in range(1, 7)}
     grid = CountsGrid(counts)
-    strategy = FedSoft(2, tau=2, clients_per_cluster=2, init="local-kmeans")
+    strategy = FedSoft(num_clusters=2, tau=2, clients_per_cluster=2, init="local-kmeans")
     start = _model(0.0)
     messages = list(strategy.configure_train(1, start, ConfigRecord({"lr": 0.1}), grid))  # type: ignore[arg-type]
     assert grid.queries == 0  # no importance estimate in the warm-start round
@@ -256,7 +257,7 @@ def test_local_kmeans_warm_start_groups_first_updates(server_identity) -> None:
 
 def test_local_kmeans_warm_start_without_a_model_per_cluster_is_repeated(server_identity) -> None:
     grid = CountsGrid({1: [1, 1], 2: [1, 1], 3: [1, 1]})
-    strategy = FedSoft(3, init="local-kmeans")
+    strategy = FedSoft(num_clusters=3, init="local-kmeans")
     messages = list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
     one_reply = Message(
         RecordDict({
@@ -275,7 +276,7 @@ def test_local_kmeans_warm_start_without_a_model_per_cluster_is_repeated(server_
 def test_cluster_models_start_different_and_config_is_checked() -> None:
     rng = np.random.default_rng(0)
     initial = p.numpy_to_record(["layer.weight"], [rng.normal(size=(3, 4)).astype(np.float32)])
-    models = p.unpack_clusters(FedSoft(3, seed=1).initialize(initial))
+    models = p.unpack_clusters(FedSoft(num_clusters=3, seed=1).initialize(initial))
     assert len(models) == 3
     assert not np.allclose(models[0]["layer.weight"].numpy(), models[1]["layer.weight"].numpy())
     for bad, name in (({"tau": 0}, "tau"), ({"sigma": 2.0}, "sigma"),
@@ -283,7 +284,7 @@ def test_cluster_models_start_different_and_config_is_checked() -> None:
                       ({"proximal_lambda": -1.0}, "proximal_lambda"),
                       ({"init": "kmeans"}, "init")):
         with pytest.raises(ValueError, match=name):
-            FedSoft(2, **bad)
+            FedSoft(num_clusters=2, **bad)
     with pytest.raises(ValueError, match="fedsoft-tau"):
         parse_run_config({"strategy": "fedsoft", "fedsoft-tau": 0})
     with pytest.raises(ValueError, match="fedsoft-init"):
@@ -510,7 +511,7 @@ def test_a_node_without_its_own_model_and_no_start_says_so(server_identity) -> N
 def test_a_node_that_joins_between_estimates_is_estimated_at_once(server_identity) -> None:
     counts = {1: [9, 1], 2: [8, 2], 3: [1, 9], 4: [0, 10]}
     grid = CountsGrid(counts)
-    strategy = FedSoft(2, tau=5, sigma=0.01, clients_per_cluster=2, init="random")
+    strategy = FedSoft(num_clusters=2, tau=5, sigma=0.01, clients_per_cluster=2, init="random")
     list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
     assert grid.queries == 4
     packed = strategy.initialize(_model(0.0))

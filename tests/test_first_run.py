@@ -114,8 +114,8 @@ def test_client_error_message_is_the_apps_own_message() -> None:
 @pytest.mark.parametrize(
     ("strategy", "fix"),
     [(IFCA(num_clusters=4), "ifca-init='random'"),
-     (FedSoft(4, init="local-kmeans"), "fedsoft-init='random'"),
-     (FedEM(4), "fedem-init='random'")],
+     (FedSoft(num_clusters=4, init="local-kmeans"), "fedsoft-init='random'"),
+     (FedEM(num_clusters=4), "fedem-init='random'")],
     ids=["ifca", "fedsoft", "fedem"],
 )
 def test_fewer_nodes_than_warm_start_clusters_stop_with_the_fix(strategy, fix: str) -> None:

@@ -127,19 +127,24 @@ def test_edge_cases_of_the_hierarchy() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: UpdateHierarchy(linkage="centroid"), "linkage='centroid'"),
-        (lambda: UpdateHierarchy(metric="l3"), "metric='l3'"),
-        (lambda: UpdateHierarchy("ward", "cosine"), "ward' needs metric='euclidean'"),
-        (lambda: UpdateHierarchy(threshold="knee"), "threshold='knee'"),
-        (lambda: UpdateHierarchy(min_gap=1.0), "min_gap=1.0"),
-        (lambda: UpdateHierarchy(distance_ratio=0.0), "distance_ratio=0.0"),
-        (lambda: UpdateHierarchy(distance_threshold=-1.0), "distance_threshold=-1.0"),
+        (lambda: UpdateHierarchy(linkage="centroid"), "linkage must be one of 'ward', "),
+        (lambda: UpdateHierarchy(metric="l3"), "metric must be one of .*; got 'l3'"),
+        (lambda: UpdateHierarchy("ward", "cosine"),
+         "metric must be 'euclidean' with linkage='ward'"),
+        (lambda: UpdateHierarchy(threshold="knee"), "threshold must be one of .*; got 'knee'"),
+        (lambda: UpdateHierarchy(min_gap=1.0), "min_gap must be a number > 1; got 1.0"),
+        (lambda: UpdateHierarchy(distance_ratio=0.0), "distance_ratio must be a number > 0"),
+        (lambda: UpdateHierarchy(distance_threshold=-1.0),
+         "distance_threshold must be a number > 0; got -1.0"),
         (lambda: UpdateHierarchy().fit(np.full((3, 2), np.nan)), "finite"),
         (lambda: UpdateHierarchy("average", "cosine").fit(np.zeros((3, 2))), "zero row"),
         (lambda: FLHC(warmup_rounds=-1), "warmup_rounds must be an int >= 0; got -1"),
-        (lambda: FLHC(linkage="ward", metric="manhattan"), "flhc-metric"),
-        (lambda: WeCFL(0), "num_clusters must be an int >= 1; got 0"),
-        (lambda: WeCFL(2, n_init=0), "n_init must be an int >= 1; got 0"),
+        (lambda: FLHC(linkage="ward", metric="manhattan"), "metric must be 'euclidean' with"),
+        (lambda: build_strategy({**parse_run_config({
+            "strategy": "flhc", "flhc-linkage": "ward", "flhc-metric": "manhattan"})}),
+         "run-config key 'flhc-metric' must be 'euclidean' with linkage='ward'"),
+        (lambda: WeCFL(num_clusters=0), "num_clusters must be an int >= 1; got 0"),
+        (lambda: WeCFL(num_clusters=2, n_init=0), "n_init must be an int >= 1; got 0"),
         (lambda: initial_kmeans(np.zeros((2, 3)), np.ones(2), 3), "num_clusters=3"),
         (lambda: initial_kmeans(np.zeros((2, 3)), np.array([1.0, 0.0]), 1), "weights"),
         (lambda: weighted_kmeans(np.zeros((2, 3)), np.ones(2), np.zeros((2, 4))), "centers"),
@@ -237,7 +242,7 @@ def test_flhc_clusters_once_after_warmup_and_late_nodes_choose(server_identity) 
 def test_wecfl_keeps_cluster_numbers_and_unsampled_members(server_identity) -> None:
     nodes = list(range(1, 9))
     grid = NodesOnly(nodes)
-    wecfl = WeCFL(2, min_available_nodes=8)
+    wecfl = WeCFL(num_clusters=2, min_available_nodes=8)
     groups = {n: 0 if n <= 4 else 1 for n in nodes}
     _, packed = _round(wecfl, 1, START, grid, groups)
     assert wecfl.clustering_round == 1 and p.num_packed_clusters(packed) == 2
@@ -278,7 +283,7 @@ def test_wecfl_reruns_kmeans_every_round_and_counts_the_nodes_that_move(
     """
     nodes = list(range(1, 9))
     grid = NodesOnly(nodes)
-    wecfl = WeCFL(2, min_available_nodes=8)
+    wecfl = WeCFL(num_clusters=2, min_available_nodes=8)
     a, b = 3 * np.eye(6)[0], 3 * np.eye(6)[1]
     target = {n: a if n <= 4 else b for n in nodes}
     packed = _wecfl_round(wecfl, 1, START, grid, target)

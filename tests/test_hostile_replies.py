@@ -36,7 +36,8 @@ def _one_line(reason: str | None) -> str:
 
 
 def _started_ifca(grid: StubGrid, num_clusters: int = 2) -> IFCA:
-    strategy = IFCA(num_clusters, init="random", restarts=1, min_available_nodes=len(grid.nodes))
+    strategy = IFCA(num_clusters=num_clusters, init="random", restarts=1,
+                    min_available_nodes=len(grid.nodes))
     strategy.prepare(grid, 60.0, 3)  # type: ignore[arg-type]
     return strategy
 

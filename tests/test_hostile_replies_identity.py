@@ -108,7 +108,7 @@ def test_a_train_reply_claiming_another_key_is_rejected_and_logged_as_its_sender
     server_identity: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     grid = ClaimingGrid({1: (1, 1), 2: (2, 2), 3: (3, 3), 4: (4, 4)})
-    strategy = IFCA(2, init="random", restarts=1, min_available_nodes=4)
+    strategy = IFCA(num_clusters=2, init="random", restarts=1, min_available_nodes=4)
     strategy.prepare(grid, 60.0, 3)  # type: ignore[arg-type]
     requests = list(strategy.configure_train(1, _model(0.0), ConfigRecord(), grid))  # type: ignore[arg-type]
     sent = p.unpack_clusters(requests[0].content.array_records[p.CLUSTERS])

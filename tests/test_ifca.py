@@ -49,7 +49,8 @@ def _gradient_round(ifca: IFCA, packed: ArrayRecord, chosen: dict[int, int],
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_gradient_mode_steps_with_its_own_gamma_not_the_client_lr() -> None:
-    ifca = IFCA(2, mode="gradient", server_lr=0.5, init="random", min_available_nodes=2)
+    ifca = IFCA(num_clusters=2, mode="gradient", server_lr=0.5, init="random",
+                min_available_nodes=2)
     packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 0.0)])
     models = _gradient_round(ifca, packed, {1: 0, 2: 0}, {1: 10, 2: 10})
     # theta - gamma * mean gradient = 0 - 0.5 * 1; the client lr 0.01 would give -0.01.
@@ -59,7 +60,7 @@ def test_ifca_gradient_mode_steps_with_its_own_gamma_not_the_client_lr() -> None
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_paper_gradient_update_divides_the_cluster_sum_by_all_clients() -> None:
-    ifca = IFCA(2, mode="gradient", server_lr=0.6, aggregation="paper", init="random")
+    ifca = IFCA(num_clusters=2, mode="gradient", server_lr=0.6, aggregation="paper", init="random")
     packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 0.0)])
     models = _gradient_round(ifca, packed, {1: 0, 2: 1, 3: 1}, {1: 10, 2: 10, 3: 10})
     # theta_j - gamma / m * sum over S_j, m = 3 answering clients.
@@ -70,7 +71,7 @@ def test_ifca_paper_gradient_update_divides_the_cluster_sum_by_all_clients() -> 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_paper_model_averaging_ignores_example_counts() -> None:
     for aggregation, expected in (("weighted", (1 * 1 + 3 * 3) / 4), ("paper", 2.0)):
-        ifca = IFCA(1, aggregation=aggregation, init="random")
+        ifca = IFCA(num_clusters=1, aggregation=aggregation, init="random")
         requests = list(ifca.configure_train(
             1, p.pack_clusters([_model(0.0, 0.0)]), ConfigRecord(), NodesOnly([1, 2]),  # type: ignore[arg-type]
         ))
@@ -84,7 +85,7 @@ def test_ifca_paper_model_averaging_ignores_example_counts() -> None:
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_keeps_the_users_pretrained_body_and_draws_only_heads() -> None:
     pretrained = _model(7.0, np.arange(4.0))
-    ifca = IFCA(3, head_layers=1, init="random")
+    ifca = IFCA(num_clusters=3, head_layers=1, init="random")
     models = p.unpack_clusters(ifca.initialize(pretrained))
     for model in models:
         np.testing.assert_array_equal(model["body.weight"].numpy(), 7.0)
@@ -113,7 +114,8 @@ class RestartGrid(NodesOnly):
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_restarts_are_scored_in_one_query_that_carries_one_model() -> None:
     # Issue 18: candidates travel as seeds; each node draws them itself.
-    ifca = IFCA(2, head_layers=1, init="random", restarts=3, min_available_nodes=4, seed=5)
+    ifca = IFCA(num_clusters=2, head_layers=1, init="random", restarts=3,
+                min_available_nodes=4, seed=5)
     start = _model(7.0, np.arange(4.0))
     # Rows: restart 0 puts every node in cluster 0, restart 1 splits them 2/2,
     # restart 2 splits 3/1: restart 1 is the most balanced.
@@ -167,7 +169,7 @@ def _two_layer(body: float, head: np.ndarray) -> ArrayRecord:
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
-    ifca = IFCA(2, head_layers=1, init_steps=7, min_available_nodes=6)
+    ifca = IFCA(num_clusters=2, head_layers=1, init_steps=7, min_available_nodes=6)
     start = _two_layer(0.0, np.zeros((2, 2)))
     requests = list(ifca.configure_train(1, start, ConfigRecord(), NodesOnly(list(range(1, 7)))))  # type: ignore[arg-type]
     # One model goes out per node (issue 18: not k models times restarts).
@@ -199,7 +201,7 @@ def test_ifca_local_kmeans_start_groups_the_first_local_updates() -> None:
 def test_ifca_local_kmeans_with_too_few_sampled_nodes_is_repeated(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    ifca = IFCA(4, min_available_nodes=2)
+    ifca = IFCA(num_clusters=4, min_available_nodes=2)
     with caplog.at_level(logging.WARNING, logger="flwr"):
         sent = ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2]))  # type: ignore[arg-type]
     assert list(sent) == []
@@ -209,7 +211,7 @@ def test_ifca_local_kmeans_with_too_few_sampled_nodes_is_repeated(
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_local_kmeans_repeats_when_too_few_replies_came_back() -> None:
-    ifca = IFCA(4, min_available_nodes=2)
+    ifca = IFCA(num_clusters=4, min_available_nodes=2)
     model = _model(0.0, 0.0)
     requests = list(ifca.configure_train(1, model, ConfigRecord(), NodesOnly([1, 2, 3, 4])))  # type: ignore[arg-type]
     # Two of four nodes answer: no k-means over 2 models for 4 clusters, no crash.
@@ -222,7 +224,7 @@ def test_ifca_local_kmeans_repeats_when_too_few_replies_came_back() -> None:
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_reseeds_a_cluster_nobody_chose_by_splitting_the_widest_one() -> None:
-    ifca = IFCA(2, init="random", reseed_after=2, min_available_nodes=4)
+    ifca = IFCA(num_clusters=2, init="random", reseed_after=2, min_available_nodes=4)
     packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 5.0)])
     sign = {1: 1.0, 2: 1.0, 3: -1.0, 4: -1.0}
     for server_round in (1, 2):
@@ -244,7 +246,7 @@ def test_ifca_reseeds_a_cluster_nobody_chose_by_splitting_the_widest_one() -> No
 
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_never_reseeds_when_disabled() -> None:
-    ifca = IFCA(2, init="random", reseed_after=0)
+    ifca = IFCA(num_clusters=2, init="random", reseed_after=0)
     packed = p.pack_clusters([_model(0.0, 0.0), _model(0.0, 5.0)])
     for server_round in range(1, 5):
         requests = list(ifca.configure_train(server_round, packed, ConfigRecord(),
@@ -258,7 +260,7 @@ def test_ifca_never_reseeds_when_disabled() -> None:
 @pytest.mark.usefixtures("server_identity")
 def test_ifca_with_one_cluster_trains_it() -> None:
     """A client offered one model reports no cluster-id; every reply was rejected before."""
-    ifca = IFCA(1)
+    ifca = IFCA(num_clusters=1)
     requests = list(ifca.configure_train(1, _model(0.0, 0.0), ConfigRecord(), NodesOnly([1, 2])))  # type: ignore[arg-type]
     replies = [_reply(r, _model(1.0, 2.0), 10, None) for r in requests]
     new, metrics = ifca.aggregate_train(1, replies)

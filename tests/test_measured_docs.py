@@ -74,7 +74,7 @@ def test_a_new_run_config_key_orphans_no_run_and_changes_no_page(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from fl_clusters.config import config_keys
-    from fl_clusters.strategies.kit.params import Param
+    from fl_clusters.params import Param
     from fl_clusters.sweep.report import latest_lines, stale_runs
 
     class NearestCentre:  # what a new strategy's declared parameter brings

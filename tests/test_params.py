@@ -10,9 +10,9 @@ import pytest
 from flwr.app import ArrayRecord
 
 from fl_clusters.config import parse_run_config
+from fl_clusters.params import Param, ParamError, check_param
 from fl_clusters.strategies import ACFL, CFL, FLDC, FLHC, IFCA, FedEM, FedSoft, LocalOnly, WeCFL
 from fl_clusters.strategies.kit.base import ClusteredStrategy
-from fl_clusters.strategies.kit.params import Param, ParamError, check_param
 from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import FailingGrid
 

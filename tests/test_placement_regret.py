@@ -35,7 +35,7 @@ from fl_clusters.results import print_summary, write_plugin_results
 from fl_clusters.server_app import initial_arrays, train_config
 from fl_clusters.strategies import IFCA
 from fl_clusters.strategies.local import LocalOnly
-from tests.loopback_runs import NUM_CLIENTS, TINY_JOB, in_process_server, loopback_run
+from fl_clusters.testing import NUM_CLIENTS, TINY_JOB, in_process_server, loopback_run
 
 
 @pytest.fixture

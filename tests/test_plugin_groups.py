@@ -29,12 +29,12 @@ from flwr.app import Message
 from sklearn.metrics import adjusted_rand_score
 
 from benchmarks.plugin_quickstart import (
-    QUICKSTART_CONFIG,
     plugged_diffs,
     proximal_recipe,
     run_app,
     write_app,
 )
+from benchmarks.quickstart_pytorch import QUICKSTART_CONFIG
 from fl_clusters import protocol as p
 from fl_clusters.loopback import LoopbackGrid
 

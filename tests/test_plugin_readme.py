@@ -21,8 +21,6 @@ from sklearn.metrics import adjusted_rand_score
 
 import fl_clusters.strategies
 from benchmarks.plugin_quickstart import (
-    QUICKSTART_CLIENT,
-    QUICKSTART_CONFIG,
     app_package,
     apply_diff,
     plugin_table_constructors,
@@ -31,6 +29,7 @@ from benchmarks.plugin_quickstart import (
     run_server,
     write_app,
 )
+from benchmarks.quickstart_pytorch import QUICKSTART_CLIENT, QUICKSTART_CONFIG
 from fl_clusters.config import parse_run_config
 from fl_clusters.strategies.kit.registry import strategy_names
 from fl_clusters.strategy_builder import build_strategy

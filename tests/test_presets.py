@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import logging
 import textwrap
 from pathlib import Path
@@ -13,9 +11,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fl_clusters.params import NOT_GIVEN, REQUIRED, Param, ParamError
 from fl_clusters.strategies import CFL, FLHC, IFCA, ClusteredStrategy, FedEM, FedSoft
 from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.params import NOT_GIVEN, REQUIRED, Param, ParamError
+from fl_clusters.strategies.kit.paper_digests import (
+    forgotten_revisions,
+    paper_digests,
+    read_paper_digests,
+    record_paper_digests,
+    revision_problem,
+)
 from fl_clusters.strategies.kit.presets import departs
 from fl_clusters.strategy_builder import build_strategy
 from tests.conftest import Federation
@@ -95,7 +100,7 @@ def test_an_argument_the_caller_names_is_kept_even_at_its_default(
     # A value the caller gives that is the paper's own is no departure to record.
     assert IFCA(preset="paper", init="random").preset_kept == {}
     # Positional arguments are named too; under the robust preset nothing is kept.
-    assert IFCA(2, preset="paper").user_arguments == {"num_clusters", "preset"}
+    assert IFCA(num_clusters=2, preset="paper").user_arguments == {"num_clusters", "preset"}
     assert IFCA(init="local-kmeans").preset_kept == {}
 
 
@@ -238,6 +243,8 @@ PRESET_READERS = {
     ("fl_clusters/sweep/cells.py", "revision_settings"): "keys a run's revision",
     ("fl_clusters/sweep/cells.py", "keys_the_paper_sets"): "which defaults a paper run ignored",
     ("fl_clusters/sweep/twins.py", "<module>"): "names the key a twin cell differs in",
+    ("fl_clusters/testing/checks.py", "check_builds_with_the_paper_preset"): "checks it builds",
+    ("fl_clusters/testing/checks.py", "<module>"): "names the summary field every run has",
 }
 PACKAGE = Path(__file__).resolve().parent.parent / "fl_clusters"
 
@@ -283,64 +290,40 @@ def test_a_planted_branch_on_the_preset_is_found() -> None:
     assert preset_reads(planted, "planted.py") == {("planted.py", "aggregate_train")}
 
 
-def paper_declarations(klass: type) -> list[list[str]]:
-    """What ``klass``'s own declarations make ``preset="paper"`` compute: paper values, rules."""
-    own = vars(klass)
-    values = [[param.name, repr(param.paper)] for param in own.get("params", ()) if departs(param)]
-    rules = [[rule.name, rule.paper_rule] for rule in own.get("behaviours", ()) if rule.switched]
-    return values + rules
-
-
-def paper_digests() -> dict[str, tuple[int, str]]:
-    """Each declaring class's own paper revision and digest of :func:`paper_declarations`."""
-    classes = {klass for cls in ClusteredStrategy.registry.values() for klass in cls.__mro__}
-    digests = {}
-    for klass in classes:
-        declarations = paper_declarations(klass)
-        if declarations or vars(klass).get("paper_revision", 1) > 1:
-            text = json.dumps(declarations, sort_keys=True)
-            digests[klass.__name__] = (vars(klass).get("paper_revision", 1),
-                                       hashlib.sha256(text.encode()).hexdigest()[:12])
-    return digests
-
-
-# Each class's paper revision and the digest of what its preset="paper" declares,
-# as of that revision: a change to the declarations must raise the revision, so
-# that the sweep runs made before it are stale (fl_clusters.sweep.cells).
-PAPER_DIGESTS = {
-    "ACFL": (2, "3215aa7feea8"),
-    "AWCFLOption": (2, "55cd70db821b"),
-    "CFL": (2, "6efde5a95179"),
-    # Revision 3: DBSCAN decides the knee pair, at exactly eps, the same on every machine.
-    "FLDC": (3, "3c1e803095c9"),
-    "FLHC": (1, "25f86a6e2248"),
-    "FedEM": (1, "5be69a31061e"),
-    "FedSoft": (2, "ea3098fb73e0"),
-    "IFCA": (2, "d86856d1958b"),
-    "MCFLOption": (2, "61198e162e77"),
-    # Revision 1: the declared rule (anchored_kmeans) and value (init_steps, paper 0)
-    # are new, and preset="paper" runs the fresh k-means of every round on the models
-    # of an ordinary round, as it always did.
+RECORD = Path(__file__).resolve().parent.parent / "docs" / "paper-digests.json"
+# The digests recorded when the record was made: a record the generator rewrote
+# must keep them until a class raises its revision.
+FIRST_RECORDED = {
+    "ACFL": (2, "3215aa7feea8"), "AWCFLOption": (2, "55cd70db821b"),
+    "CFL": (2, "6efde5a95179"), "FLDC": (3, "3c1e803095c9"), "FLHC": (1, "25f86a6e2248"),
+    "FedEM": (1, "5be69a31061e"), "FedSoft": (2, "ea3098fb73e0"),
+    "IFCA": (2, "d86856d1958b"), "MCFLOption": (2, "61198e162e77"),
     "WeCFL": (1, "1839e154de65"),
 }
 
 
-def forgotten_revisions(digests: dict[str, tuple[int, str]]) -> list[str]:
-    """The classes whose paper declarations changed from PAPER_DIGESTS at the same revision."""
-    return sorted(name for name, (revision, digest) in digests.items()
-                  if name in PAPER_DIGESTS and PAPER_DIGESTS[name][0] == revision
-                  and PAPER_DIGESTS[name][1] != digest)
+def registered_digests() -> dict[str, tuple[int, str]]:
+    """The digests of every registered strategy's declaring classes, as they are now."""
+    return paper_digests(ClusteredStrategy.registry.values())
 
 
 def test_a_change_to_what_the_paper_preset_computes_raises_its_revision() -> None:
-    digests = paper_digests()
-    forgotten = forgotten_revisions(digests)
-    assert not forgotten, "; ".join(
-        f"preset='paper' of {name} changed: bump its paper revision (paper_revision = "
-        f"{digests[name][0] + 1}) and update the digest here; a change of wording alone: "
-        "update the digest only" for name in forgotten)
-    assert digests == PAPER_DIGESTS, (
-        f"update PAPER_DIGESTS in tests/test_presets.py to {digests!r}")
+    digests, recorded = registered_digests(), read_paper_digests(RECORD)
+    forgotten = forgotten_revisions(recorded, digests)
+    assert not forgotten, revision_problem(recorded, digests)
+    # A class that raised its revision is recorded anew by the generator.
+    behind = sorted(name for name in recorded
+                    if name in digests and digests[name][0] != recorded[name][0])
+    assert not behind, (f"{behind} changed paper_revision since {RECORD.name} was written; "
+                        "run: python docs/generate_strategies.py")
+
+
+def test_the_record_keeps_each_class_at_its_revision() -> None:
+    recorded = read_paper_digests(RECORD)
+    for name, (revision, digest) in FIRST_RECORDED.items():
+        assert recorded[name][0] >= revision, name
+        if recorded[name][0] == revision:
+            assert recorded[name][1] == digest, name
 
 
 def test_a_paper_value_changed_at_the_same_revision_is_found(
@@ -351,6 +334,44 @@ def test_a_paper_value_changed_at_the_same_revision_is_found(
     params = tuple(replace(param, paper=1.7) if param.name == "eps2" else param
                    for param in CFL.params)
     monkeypatch.setattr(CFL, "params", params)
-    assert forgotten_revisions(paper_digests()) == ["CFL"]
+    recorded = read_paper_digests(RECORD)
+    assert forgotten_revisions(recorded, registered_digests()) == ["CFL"]
+    assert "set `paper_revision = 3` in the class" in str(
+        revision_problem(recorded, registered_digests()))
     monkeypatch.setattr(CFL, "paper_revision", CFL.paper_revision + 1)
-    assert forgotten_revisions(paper_digests()) == []
+    assert forgotten_revisions(recorded, registered_digests()) == []
+
+
+class _NewPaperStrategy(IFCA):
+    """A strategy the record does not know yet, with a paper value of its own."""
+
+    params = (Param("restarts_per_round", 1, "int", "restarts", low=1, paper=3,
+                    why="a reason", source="a section"),)
+
+    def __init__(self, *, restarts_per_round: int = 1, **arguments: Any) -> None:
+        super().__init__(restarts_per_round=restarts_per_round, **arguments)
+
+
+def test_the_generator_records_a_new_class_and_refuses_a_change_at_its_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    record = tmp_path / "paper-digests.json"
+    record.write_text(RECORD.read_text())
+    # Not recorded yet: nothing to compare with, so nothing is forgotten; recorded.
+    assert "_NewPaperStrategy" not in read_paper_digests(record)
+    assert forgotten_revisions(read_paper_digests(record),
+                               paper_digests([_NewPaperStrategy])) == []
+    record_paper_digests(record, [_NewPaperStrategy])
+    recorded = read_paper_digests(record)
+    assert recorded["_NewPaperStrategy"][0] == 1 and recorded["IFCA"] == FIRST_RECORDED["IFCA"]
+    # Its paper value changes and its revision does not: refused, the record unchanged.
+    changed = (Param("restarts_per_round", 1, "int", "restarts", low=1, paper=5,
+                     why="a reason", source="a section"),)
+    monkeypatch.setattr(_NewPaperStrategy, "params", changed)
+    before = record.read_text()
+    with pytest.raises(ValueError, match=r"_NewPaperStrategy's paper declarations changed at "
+                       r"paper_revision 1: set `paper_revision = 2`"):
+        record_paper_digests(record, [_NewPaperStrategy])
+    assert record.read_text() == before
+    monkeypatch.setattr(_NewPaperStrategy, "paper_revision", 2, raising=False)
+    assert record_paper_digests(record, [_NewPaperStrategy])["_NewPaperStrategy"][0] == 2

@@ -26,7 +26,7 @@ from fl_clusters.strategies.kit.recipes import FIXED_KEYS, RecipeValue, check_re
 from fl_clusters.sweep import simulation
 from fl_clusters.sweep.cells import RESERVED_RUN_CONFIG_KEYS
 from fl_clusters.sweep.spec import load_sweep
-from tests.loopback_runs import in_process_server
+from fl_clusters.testing import in_process_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = sorted((ROOT / "benchmarks" / "sweeps").glob("*.toml"))

@@ -151,17 +151,19 @@ class FuzzGrid(StubGrid):
 
 
 STRATEGIES: dict[str, Callable[[], ClusteredStrategy]] = {
-    "ifca-kmeans": lambda: IFCA(2, init="local-kmeans", init_steps=1, min_available_nodes=2),
-    "ifca-random": lambda: IFCA(2, init="random", restarts=2, min_available_nodes=2),
-    "ifca-gradient": lambda: IFCA(2, init="random", mode="gradient", min_available_nodes=2),
+    "ifca-kmeans": lambda: IFCA(num_clusters=2, init="local-kmeans", init_steps=1,
+                                min_available_nodes=2),
+    "ifca-random": lambda: IFCA(num_clusters=2, init="random", restarts=2, min_available_nodes=2),
+    "ifca-gradient": lambda: IFCA(num_clusters=2, init="random", mode="gradient",
+                                  min_available_nodes=2),
     "cfl": lambda: CFL(warmup_rounds=0, min_available_nodes=2),
     "acfl": lambda: ACFL(phase1_rounds=1, min_available_nodes=2),
-    "fedsoft": lambda: FedSoft(2, tau=1, min_available_nodes=2),
+    "fedsoft": lambda: FedSoft(num_clusters=2, tau=1, min_available_nodes=2),
     "fldc": lambda: FLDC(min_pts=2, min_available_nodes=2),
     "local": lambda: LocalOnly(min_available_nodes=2),
     "flhc": lambda: FLHC(warmup_rounds=1, min_available_nodes=2),
-    "wecfl": lambda: WeCFL(2, min_available_nodes=2),
-    "fedem": lambda: FedEM(2, init_steps=1, min_available_nodes=2),
+    "wecfl": lambda: WeCFL(num_clusters=2, min_available_nodes=2),
+    "fedem": lambda: FedEM(num_clusters=2, init_steps=1, min_available_nodes=2),
 }
 
 
@@ -222,7 +224,7 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
     grid = MeteredGrid(ReportGrid(answers))  # type: ignore[arg-type]
     packed = p.pack_clusters([_model(), _model()])
     settings_ = {"mcfl-feature-samples": 8, "round-timeout": 5.0}
-    rows, answered = collect_report(grid, IFCA(2), packed, [1, 2, 3, 4, 5], settings_)
+    rows, answered = collect_report(grid, IFCA(num_clusters=2), packed, [1, 2, 3, 4, 5], settings_)
     assert answered == {1, 2, 3, 4, 5}
     assert [r["node-id"] for r in rows] == [1]
     assert rows[0]["assigned"] == 1  # lowest training loss
@@ -237,7 +239,7 @@ def test_a_report_naming_another_partition_is_filed_under_its_own(
 ) -> None:
     good = {"test-accuracy": [0.5, 0.9], "test-loss": [1.0, 0.2], "train-loss": [1.1, 0.3],
             "num-test": 10, p.M_NUM_EXAMPLES: 40}
-    strategy = IFCA(2)
+    strategy = IFCA(num_clusters=2)
     strategy.nodes.partitions.update({1: 0, 2: 1})
     grid = MeteredGrid(ReportGrid({1: {**good, "partition-id": 0},
                                    2: {**good, "partition-id": 0}}))  # type: ignore[arg-type]
@@ -282,7 +284,7 @@ def test_the_metered_grid_counts_messages_without_a_reply(server_identity: None)
 # ------------------------------------------------------ stable order (determinism)
 def test_sampling_and_reply_order_follow_the_handshake_keys(server_identity: None) -> None:
     # StubGrid's key for node n is 1000 - n: the reverse of the id order.
-    strategy = IFCA(2, init="random", min_available_nodes=3, fraction_train=1.0)
+    strategy = IFCA(num_clusters=2, init="random", min_available_nodes=3, fraction_train=1.0)
     strategy.start(StubGrid([5, 7, 9]), _model(), num_rounds=0)  # type: ignore[arg-type]
     assert strategy.nodes.keys == {5: 995, 7: 993, 9: 991}
     assert strategy.sample(StubGrid([5, 7, 9]), 1.0) == [9, 7, 5]
@@ -304,7 +306,7 @@ def test_a_node_without_a_key_is_ordered_after_the_keyed_ones(server_identity: N
             return answered + [Message(Error(code=0, reason="no handler"), reply_to=m)
                                for m in messages if m.metadata.dst_node_id == 3]
 
-    strategy = IFCA(2, init="random", min_available_nodes=3)
+    strategy = IFCA(num_clusters=2, init="random", min_available_nodes=3)
     strategy.start(NoIdentity([1, 2, 3]), _model(), num_rounds=0)  # type: ignore[arg-type]
     assert strategy.nodes.keys[3] is None
     assert sorted([1, 2, 3], key=strategy.node_order) == [2, 1, 3]

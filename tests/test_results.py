@@ -14,7 +14,8 @@ from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import Result
 
 from fl_clusters.config import parse_run_config
-from fl_clusters.results import load_models, strict_json, write_results
+from fl_clusters.files import strict_json
+from fl_clusters.results import load_models, write_results
 
 
 def test_undefined_metrics_become_null_not_nan() -> None:

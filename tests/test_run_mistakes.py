@@ -27,8 +27,8 @@ from fl_clusters.handshake import NodeIdentities
 from fl_clusters.loopback import LoopbackGrid
 from fl_clusters.server_app import check_can_start, run_federation
 from fl_clusters.strategies import IFCA
+from fl_clusters.testing import in_process_server
 from tests.conftest import NodesOnly
-from tests.loopback_runs import in_process_server
 from tests.test_checkpoint import _checkpoint
 
 # digits (1,797 images) in 4 rotated copies over 700 clients: about 10 samples a

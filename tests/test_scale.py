@@ -27,7 +27,7 @@ from fl_clusters.client import node_data
 from fl_clusters.data import ClientData, client_data, partition
 from fl_clusters.learner import TorchLearner
 from fl_clusters.loopback import LoopbackGrid
-from tests.loopback_runs import in_process_server, loopback_run, message_round
+from fl_clusters.testing import in_process_server, loopback_run, message_round
 from tests.test_golden import pinned
 
 NUM_NODES = 20
@@ -213,7 +213,7 @@ def test_a_learner_built_again_for_every_message_gives_the_same_run(
 def test_start_up_logs_its_phases_and_the_scale_benchmark_reads_them(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from benchmarks.overhead import RoundMarks
+    from benchmarks.federation_runs import RoundMarks
 
     with caplog.at_level("INFO", logger="flwr"):
         counted_run({"strategy": "fedavg"}, tmp_path)

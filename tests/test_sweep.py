@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from fl_clusters.cli import main
 from fl_clusters.strategies import CFL, FLDC, FLHC
 from fl_clusters.strategies.kit.options.mcfl import MCFLOption
 from fl_clusters.sweep import Sweep, SweepFileError, load_sweep, parse_sweep, run_sweep
@@ -32,7 +33,7 @@ from fl_clusters.sweep.cells import (
     resolve_federation,
     revision_settings,
 )
-from fl_clusters.sweep.cli import main, sweep_main
+from fl_clusters.sweep.cli import sweep_main
 from fl_clusters.sweep.lock import LOCK_FILE, SweepFolderInUse, sweep_folder_lock
 from fl_clusters.sweep.merge import MergeError, merge_runs
 from fl_clusters.sweep.provenance import append_session

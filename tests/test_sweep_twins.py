@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from fl_clusters.cli import main
 from fl_clusters.strategies import LocalOnly
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.registry import strategy_names
@@ -21,7 +22,6 @@ from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN
 from fl_clusters.strategy_builder import build_strategy
 from fl_clusters.sweep import Sweep, load_sweep, run_sweep
 from fl_clusters.sweep import runner as runner_module
-from fl_clusters.sweep.cli import main
 from fl_clusters.sweep.merge import merge_runs
 from fl_clusters.sweep.report import stale_runs, table_rows
 from fl_clusters.sweep.runner import append_run, pending_cells, read_runs

@@ -16,9 +16,9 @@ from flwr.serverapp import Grid
 
 from fl_clusters.client_app import build_client_app
 from fl_clusters.config import config_keys, parse_run_config
+from fl_clusters.params import Param, ParamError
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.params import Param, ParamError
 from fl_clusters.strategy_builder import build_strategy
 
 

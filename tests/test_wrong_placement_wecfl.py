@@ -96,7 +96,7 @@ def test_wecfl_keeps_the_groups_found_or_names_the_nodes_it_moved(
     preset: str, server_identity: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    wecfl = WeCFL(2, min_available_nodes=6, preset=preset)
+    wecfl = WeCFL(num_clusters=2, min_available_nodes=6, preset=preset)
     assert wecfl.anchored_kmeans is (preset == "robust")
     still = dict.fromkeys(range(1, 7), np.zeros(6))
     packed = _round(wecfl, 1, p.numpy_to_record(["w"], [np.zeros(6, np.float32)]), still)

@@ -4,7 +4,9 @@
 (:data:`fl_clusters.protocol.QUERY_TYPES`) to its handler; :func:`register_queries`
 adds them all to a ClientApp. Both the
 built-in ClientApp and :class:`~fl_clusters.adapter.ClusteredClient` register from
-it, each describing its node with a :class:`ClientNode`.
+it, each describing its node with a :class:`ClientNode`. One of them,
+``query.strategy``, answers the queries strategies declare themselves
+(:mod:`fl_clusters.strategies.kit.client_queries`) by the name the message carries.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from fl_clusters import protocol as p
 from fl_clusters.client.choice import training_losses
@@ -264,6 +267,42 @@ def _restore_state(node: ClientNode, message: Message, context: Context) -> Mess
     return Message(RecordDict(), reply_to=message)
 
 
+def _strategy_query(node: ClientNode, message: Message, context: Context) -> Message:
+    """A strategy's own query: the function its class declares under the name asked.
+
+    The registered strategies are imported on the first such query, not when the
+    app loads. A name no strategy known here declares, or none at all, gets an
+    error reply naming the fix; the function's own errors become Flower's error
+    reply, as any handler's do.
+    """
+    from fl_clusters.strategies.kit.client_queries import query_handlers
+    from fl_clusters.strategies.kit.registry import ENTRY_POINT_GROUP, strategy_classes
+
+    name = task_config(message).get(p.CFG_QUERY)
+    problem = p.query_name_problem(name)
+    if problem is not None:
+        return _error_reply(message, f"{p.QUERY_STRATEGY} needs the query's name under "
+                            f"'{p.CFG_QUERY}' in its '{p.CONFIG}' record: {problem}")
+    handler = query_handlers(strategy_classes().values()).get(name)  # type: ignore[arg-type]
+    if handler is None:
+        return _error_reply(message, (
+            f"no strategy installed on this node declares the client query {name!r}: "
+            "install the package that declares it on this SuperNode (a strategy of "
+            f"another package registers through entry-point group {ENTRY_POINT_GROUP!r}), "
+            "or import its module in the ClientApp's module"))
+    records = handler(node.learner(context), message.content)
+    if not isinstance(records, RecordDict):
+        return _error_reply(message, f"the client query {name!r} returned a "
+                            f"{type(records).__name__}, not the reply's RecordDict")
+    return Message(records, reply_to=message)
+
+
+def _error_reply(message: Message, reason: str) -> Message:
+    """An error reply to ``message``: the server logs ``reason`` and leaves the node out."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                   reply_to=message)
+
+
 QueryHandler = Callable[[ClientNode, Message, Context], Message]
 
 # The one table of queries: message type -> handler.
@@ -275,6 +314,7 @@ QUERIES: Mapping[str, QueryHandler] = {
     p.QUERY_IDENTITY: _identity,
     p.QUERY_STATE: _kept_state,
     p.QUERY_RESTORE: _restore_state,
+    p.QUERY_STRATEGY: _strategy_query,
 }
 
 

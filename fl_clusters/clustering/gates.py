@@ -10,6 +10,8 @@ a run with its own history where only its change over rounds matters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fl_clusters.clustering.margins import check_margin
@@ -143,6 +145,48 @@ def has_converged(mean_norms: np.ndarray, window: int, tolerance: float) -> bool
     check_margin("ACFL phase-1 gate: |change of mean norm| <= tolerance x before",
                  abs(recent - before), tolerance * before)
     return bool(abs(recent - before) <= tolerance * before)
+
+
+def levelled_off_gate(
+    mean_norms: Sequence[float], window: int, tolerance: float
+) -> tuple[bool, str]:
+    """:func:`has_converged` on ``mean_norms``, and what it compared in words.
+
+    Parameters
+    ----------
+    mean_norms : Sequence[float]
+        Mean-update norm of every round so far, oldest first, at least one.
+    window, tolerance
+        As :func:`has_converged` takes them.
+
+    Returns
+    -------
+    tuple[bool, str]
+        Whether the norms levelled off, and the comparison for the round's log line.
+    """
+    norms = list(mean_norms)
+    converged = has_converged(np.array(norms), window, tolerance)
+    if len(norms) < 2 * window:
+        return converged, (f"mean update norm {norms[-1]:.4g}; {len(norms)} of the "
+                           f"{2 * window} rounds of norms the test compares")
+    recent, before = np.mean(norms[-window:]), np.mean(norms[-2 * window:-window])
+    change = abs(recent - before) / before if before > 0 else np.inf
+    return converged, (f"mean update norm of the last {window} rounds {recent:.4g} "
+                       f"against {before:.4g} before: change {change:.1%} "
+                       f"{'<=' if change <= tolerance else '>'} {tolerance:.0%}")
+
+
+def norm_threshold_gate(
+    mean_norm: float, max_norm: float, mean_norm_max: float, max_norm_min: float
+) -> tuple[bool, str]:
+    """ACFL's absolute gate: the mean update norm below ``mean_norm_max`` and the largest
+    above ``max_norm_min``; whether both hold, and the comparison in words."""
+    converged = mean_norm < mean_norm_max and max_norm > max_norm_min
+    return converged, (
+        f"mean update norm {mean_norm:.4g} "
+        f"{'<' if mean_norm < mean_norm_max else '>='} {mean_norm_max:.4g}, "
+        f"max {max_norm:.4g} {'>' if max_norm > max_norm_min else '<='} "
+        f"{max_norm_min:.4g}")
 
 
 def widest_group(groups: list[np.ndarray]) -> int | None:

@@ -9,10 +9,21 @@ from sklearn.metrics import pairwise_distances
 
 from fl_clusters.clustering.margins import check_margin, warn_tie
 from fl_clusters.clustering.similarity import _finite_matrix
+from fl_clusters.params import Param, ParamError, check_params
 
 LINKAGES = ("ward", "average", "complete", "single")
 DISTANCES = ("euclidean", "manhattan", "cosine")
 THRESHOLDS = ("gap", "relative", "absolute")
+# What UpdateHierarchy takes; FL+HC's declarations (run-config keys, the paper's
+# values) are these with its own help and defaults.
+HIERARCHY_PARAMS = (
+    Param("linkage", "ward", "str", "agglomerative linkage", choices=LINKAGES),
+    Param("metric", "euclidean", "str", "distance between points", choices=DISTANCES),
+    Param("threshold", "gap", "str", "how the tree is cut", choices=THRESHOLDS),
+    Param("min_gap", 1.6, "float", "gap cut's smallest jump", above=1.0),
+    Param("distance_ratio", 2.5, "float", "relative cut", above=0.0),
+    Param("distance_threshold", 0.9, "float", "absolute cut", above=0.0),
+)
 # Updates closer than this fraction of the median distance between distinct updates
 # are copies of one update (the same data and seed, up to floating-point noise).
 COPY_RATIO = 1e-3
@@ -169,31 +180,14 @@ class UpdateHierarchy:
         distance_ratio: float = 2.5,
         distance_threshold: float = 0.9,
     ) -> None:
-        if linkage not in LINKAGES:
-            raise ValueError(f"linkage={linkage!r} is unknown; allowed: {', '.join(LINKAGES)}")
-        if metric not in DISTANCES:
-            raise ValueError(f"metric={metric!r} is unknown; allowed: {', '.join(DISTANCES)}")
+        values = check_params("UpdateHierarchy", HIERARCHY_PARAMS, {
+            "linkage": linkage, "metric": metric, "threshold": threshold, "min_gap": min_gap,
+            "distance_ratio": distance_ratio, "distance_threshold": distance_threshold})
         if linkage == "ward" and metric != "euclidean":
-            raise ValueError(
-                f"linkage='ward' needs metric='euclidean', got metric={metric!r}; choose "
-                "linkage 'average', 'complete' or 'single' for that metric"
-            )
-        if threshold not in THRESHOLDS:
-            raise ValueError(
-                f"threshold={threshold!r} is unknown; allowed: {', '.join(THRESHOLDS)}"
-            )
-        if not min_gap > 1.0:
-            raise ValueError(f"min_gap={min_gap} is outside (1, inf)")
-        if not distance_ratio > 0.0:
-            raise ValueError(f"distance_ratio={distance_ratio} is outside (0, inf)")
-        if not distance_threshold > 0.0:
-            raise ValueError(f"distance_threshold={distance_threshold} is outside (0, inf)")
-        self.linkage = linkage
-        self.metric = metric
-        self.threshold = threshold
-        self.min_gap = min_gap
-        self.distance_ratio = distance_ratio
-        self.distance_threshold = distance_threshold
+            raise ParamError("metric", "'euclidean' with linkage='ward' (or choose linkage "
+                             "'average', 'complete' or 'single' for that metric)", metric)
+        for name, value in values.items():
+            setattr(self, name, value)
 
     def fit(self, points: np.ndarray) -> UpdateHierarchy:
         """Cluster ``points``.

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
@@ -15,16 +15,18 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import (
     INCENTIVE_THRESHOLDS,
     GreedyIncentiveClustering,
-    has_converged,
+    levelled_off_gate,
+    norm_threshold_gate,
     pairwise_cosine,
     update_norms,
 )
 from fl_clusters.errors import ConfigurationError
+from fl_clusters.params import NOT_GIVEN, Param
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.params import NOT_GIVEN, Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import average_replies, epochs_done, reply_updates
+from fl_clusters.strategies.kit.replies import average_replies, reply_updates
+from fl_clusters.strategies.kit.trials import TrialFederations
 
 # The paper's text, as the sources below cite it (docs/paper-fidelity.md).
 SEED_TEXT = "Zhu et al. 2024 (seed 003)"
@@ -32,7 +34,7 @@ ACFL_NORM_RANGES = (f"{SEED_TEXT}, section 4.4: the mean and the largest update 
                     "fall 'within specific hyper-parameter ranges'; none is given")
 
 
-class ACFL(HardClusteredStrategy):
+class ACFL(HardClusteredStrategy, TrialFederations):
     """ACFL: FedAvg, then one similarity-ordered greedy clustering, then FedAvg per cluster.
 
     Phase 1 runs FedAvg over all nodes until the clients' update norms show
@@ -62,50 +64,6 @@ class ACFL(HardClusteredStrategy):
     left out of the incentive (gain 0), never scored 0. The summary counts phase
     2's cost (``trial_messages``, ``trial_train_messages``,
     ``trial_failed_members``) and says whether phase 1 ended (``phase1_ended``).
-
-    Parameters
-    ----------
-    beta : float (default: -0.17)
-        Incentive threshold of ``incentive_threshold="beta"`` (the paper's best
-        value).
-    max_rejections : int (default: 3)
-        Largest number ``m`` of consecutive rejections that closes a cluster; it
-        shrinks with the number of unplaced nodes.
-    gate : str (default: "relative")
-        ``"relative"`` (norms level off) or ``"absolute"`` (the two thresholds).
-    converge_window : int (default: 2)
-        Relative gate: rounds averaged on each side of the comparison, >= 1.
-    converge_tolerance : float (default: 0.1)
-        Relative gate: largest relative change of the windowed mean norm, in (0, 1).
-    mean_norm_max : float (default: 0.4)
-        Absolute gate: phase 1 ends once the mean update norm is below this, >= 0 ...
-    max_norm_min : float (default: 0.0)
-        ... and the largest client update norm is above this, >= 0.
-    phase1_rounds : int (default: 10)
-        Phase 1 ends after this many rounds whatever the norms, >= 1 (the paper
-        clusters at round 40 of 100-round runs; the bundled runs are 10-20 rounds).
-        At or above the run's rounds the start refuses, naming one that fits:
-        unless the norms level off, phase 1 would never end and the run would be
-        plain FedAvg.
-    trial_epochs : int (default: 60)
-        Local epochs of a trial federation (and of the local-only models), >= 1.
-        Small clients need many: 60 epochs of ~63 samples are 120 SGD steps (the
-        paper's clients train 15). A handler that trains fewer a message is asked
-        again (at most ``trial_epochs`` messages a node).
-    incentive_threshold : str (default: "noise")
-        ``"beta"``: a candidate joins when the trial group's incentive is at least
-        ``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z``
-        standard errors of the incentive, computed from the members' accuracies
-        and validation sizes (:func:`~fl_clusters.clustering.incentive_standard_error`),
-        and the candidate's own gain is at least ``-noise_z`` standard errors of
-        that gain (a newcomer that loses by joining is not admitted because the
-        members gain a little each). A fixed ``beta`` is in units of summed
-        accuracy, whose noise grows as the validation splits shrink (the paper
-        has ~3,000 MNIST samples per client; docs/clustering-defaults.md).
-    noise_z : float (default: 2.0)
-        Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.
-    **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "acfl"
@@ -115,12 +73,16 @@ class ACFL(HardClusteredStrategy):
                     "the run's rounds (below)")
     params = (
         Param("beta", -0.17, "float",
-              "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)"),
+              "ACFL incentive threshold of acfl-incentive-threshold=beta (the paper)",
+              doc='Incentive threshold of ``incentive_threshold="beta"`` (the paper\'s best '
+              "value)."),
         Param("max_rejections", 3, "int", "ACFL: close a cluster after m misses", low=1,
               paper=NOT_GIVEN, source=f"{SEED_TEXT}, section 4.2 (Algorithm 1, steps 6 and 9): m "
               "changes with the unplaced clients 'within a range'; no value is given",
               why="three misses in a row end a walk down a similarity-sorted list, where "
-              "the members of the open cluster come first"),
+              "the members of the open cluster come first",
+              doc="Largest number ``m`` of consecutive rejections that closes a cluster; it "
+              "shrinks with the number of unplaced nodes."),
         Param("gate", "relative", "str",
               "ACFL phase 1 end: mean norm stops changing, or absolute norm thresholds",
               choices=("relative", "absolute"), paper="absolute",
@@ -128,29 +90,43 @@ class ACFL(HardClusteredStrategy):
               "first updates; the relative gate waits until the mean update norm levels off "
               "(a trained FedAvg model, as the paper intends)",
               source=f"{SEED_TEXT}, section 4.4: phase 1 ends when the mean and the largest "
-              "update norm fall in set ranges"),
+              "update norm fall in set ranges",
+              doc='``"relative"`` (norms level off) or ``"absolute"`` (the two thresholds).'),
         Param("converge_window", 2, "int",
-              "ACFL relative gate: rounds averaged on each side of the comparison", low=1),
+              "ACFL relative gate: rounds averaged on each side of the comparison", low=1,
+              doc="Relative gate: rounds averaged on each side of the comparison, >= 1."),
         Param("converge_tolerance", 0.1, "float",
               "ACFL relative gate: converged when the mean norm changes by less than this",
-              above=0.0, below=1.0),
+              above=0.0, below=1.0,
+              doc="Relative gate: largest relative change of the windowed mean norm, in (0, 1)."),
         Param("mean_norm_max", 0.4, "float", "ACFL phase 1: mean norm below", low=0.0,
               paper=NOT_GIVEN, source=ACFL_NORM_RANGES,
               why="it is CFL's eps1 from its authors' demo, the same test on the mean "
-              "update norm"),
+              "update norm",
+              doc="Absolute gate: phase 1 ends once the mean update norm is below this, >= 0 ..."),
         Param("max_norm_min", 0.0, "float", "ACFL phase 1: max norm above", low=0.0,
               paper=NOT_GIVEN, source=ACFL_NORM_RANGES,
-              why="0 leaves the decision to the mean norm: any client still moving passes"),
+              why="0 leaves the decision to the mean norm: any client still moving passes",
+              doc="... and the largest client update norm is above this, >= 0."),
         Param("phase1_rounds", 10, "int", "ACFL phase 1 round budget", low=1,
               paper=NOT_GIVEN, source=f"{SEED_TEXT}, sections 4.4 and 5.3: no cap "
               "on phase 1; its runs clustered at round 40 (figure 5)",
               why="the bundled runs are 10-20 rounds: a gate that never opened would leave "
-              "them plain FedAvg"),
+              "them plain FedAvg",
+              doc="Phase 1 ends after this many rounds whatever the norms, >= 1 (the paper "
+              "clusters at round 40 of 100-round runs; the bundled runs are 10-20 rounds). "
+              "At or above the run's rounds the start refuses, naming one that fits: unless "
+              "the norms level off, phase 1 would never end and the run would be plain "
+              "FedAvg."),
         Param("trial_epochs", 60, "int", "ACFL trial federation local epochs", low=1,
               paper=15, source=f"{SEED_TEXT}, section 5.1: 15 local epochs, "
               "batch 128, lr 0.1",
               why="small clients need many: 60 epochs of ~63 samples are 120 SGD steps, "
-              "where the paper's ~3,000 samples a client make 15 epochs ~350 steps"),
+              "where the paper's ~3,000 samples a client make 15 epochs ~350 steps",
+              doc="Local epochs of a trial federation (and of the local-only models), >= 1. "
+              "Small clients need many: 60 epochs of ~63 samples are 120 SGD steps (the "
+              "paper's clients train 15). A handler that trains fewer a message is asked "
+              "again (at most ``trial_epochs`` messages a node)."),
         Param("incentive_threshold", "noise", "str",
               "ACFL: a candidate joins when the incentive and the candidate's own gain are "
               "each >= -acfl-noise-z standard errors (noise), or when the incentive is >= "
@@ -158,9 +134,19 @@ class ACFL(HardClusteredStrategy):
               why="a fixed beta on summed accuracy admits a newcomer that federating harms "
               "when its hosts gain a little each; the noise rule asks the incentive and the "
               "newcomer's own gain to be within the noise of the validation accuracies",
-              source=f"{SEED_TEXT}, section 4.2, eq. 8 (beta_best = -0.17)"),
+              source=f"{SEED_TEXT}, section 4.2, eq. 8 (beta_best = -0.17)",
+              doc='``"beta"``: a candidate joins when the trial group\'s incentive is at least '
+              '``beta`` (the paper). ``"noise"``: when it is at least ``-noise_z`` standard '
+              "errors of the incentive, computed from the members' accuracies and validation "
+              "sizes (:func:`~fl_clusters.clustering.incentive_standard_error`), and the "
+              "candidate's own gain is at least ``-noise_z`` standard errors of that gain (a "
+              "newcomer that loses by joining is not admitted because the members gain a "
+              "little each). A fixed ``beta`` is in units of summed accuracy, whose noise "
+              "grows as the validation splits shrink (the paper has ~3,000 MNIST samples per "
+              "client; docs/clustering-defaults.md)."),
         Param("noise_z", 2.0, "float",
-              "ACFL noise threshold: tolerance in standard errors of the incentive", low=0.0),
+              "ACFL noise threshold: tolerance in standard errors of the incentive", low=0.0,
+              doc='Tolerance of ``incentive_threshold="noise"`` in standard errors, >= 0.'),
     )
     behaviours = (
         Behaviour(
@@ -214,28 +200,8 @@ class ACFL(HardClusteredStrategy):
                     "takes part in every round"),
     )
 
-    def __init__(
-        self,
-        *,
-        beta: float = -0.17,
-        max_rejections: int = 3,
-        gate: str = "relative",
-        converge_window: int = 2,
-        converge_tolerance: float = 0.1,
-        mean_norm_max: float = 0.4,
-        max_norm_min: float = 0.0,
-        phase1_rounds: int = 10,
-        trial_epochs: int = 60,
-        incentive_threshold: str = "noise",
-        noise_z: float = 2.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            beta=beta, max_rejections=max_rejections, gate=gate, converge_window=converge_window,
-            converge_tolerance=converge_tolerance, mean_norm_max=mean_norm_max,
-            max_norm_min=max_norm_min, phase1_rounds=phase1_rounds, trial_epochs=trial_epochs,
-            incentive_threshold=incentive_threshold, noise_z=noise_z, **kwargs,
-        )
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.clustering_round: int | None = None
         self.trial_evaluations = 0
         self.trial_messages = 0
@@ -327,23 +293,10 @@ class ACFL(HardClusteredStrategy):
     def _phase1_gate(self, mean_norm: float, max_norm: float) -> tuple[bool, str]:
         """Whether phase 1 converged this round, and what the test compared in words."""
         if self.gate == "absolute":
-            converged = mean_norm < self.mean_norm_max and max_norm > self.max_norm_min
-            return converged, (
-                f"mean update norm {mean_norm:.4g} "
-                f"{'<' if mean_norm < self.mean_norm_max else '>='} {self.mean_norm_max:.4g}, "
-                f"max {max_norm:.4g} {'>' if max_norm > self.max_norm_min else '<='} "
-                f"{self.max_norm_min:.4g}")
-        norms, window = self._phase1_norms, self.converge_window
-        converged = has_converged(np.array(norms), window, self.converge_tolerance)
-        if len(norms) < 2 * window:
-            return converged, (f"mean update norm {mean_norm:.4g}; {len(norms)} of the "
-                               f"{2 * window} rounds of norms the test compares")
-        recent, before = np.mean(norms[-window:]), np.mean(norms[-2 * window:-window])
-        change = abs(recent - before) / before if before > 0 else np.inf
-        return converged, (f"mean update norm of the last {window} rounds {recent:.4g} "
-                           f"against {before:.4g} before: change {change:.1%} "
-                           f"{'<=' if change <= self.converge_tolerance else '>'} "
-                           f"{self.converge_tolerance:.0%}")
+            return norm_threshold_gate(mean_norm, max_norm, self.mean_norm_max,
+                                       self.max_norm_min)
+        return levelled_off_gate(self._phase1_norms, self.converge_window,
+                                 self.converge_tolerance)
 
     # ------------------------------------------------------------------ phase 2
     def cluster(
@@ -371,15 +324,9 @@ class ACFL(HardClusteredStrategy):
         trial_config = self.round_config(config, server_round)
         trial_config[p.CFG_EPOCHS] = self.trial_epochs
         trial_config[p.CFG_STEPS] = 0
-        # The paper's trials train the group anew from the phase-1 model.
-        self._trial_start, self._trial_config = model, trial_config
-        # Local-only models and their validation accuracy, once per node: the same
-        # training as a trial, for a group of one.
-        local_models = self._train_group(self._last_nodes, model, trial_config, grid)
-        local_acc = self._validation_accuracy(
-            {node: msg.content.array_records[p.ARRAYS] for node, msg in local_models.items()},
-            grid,
-        )
+        # Local-only models and their validation accuracy, once per node.
+        local_models, local_acc = self.local_only_models(self._last_nodes, model, trial_config,
+                                                         grid)
         nodes = [n for n in self._last_nodes if n in local_acc]
         if not nodes:
             log(WARNING, "round %d: ACFL: no node answered the local-only round; "
@@ -394,9 +341,7 @@ class ACFL(HardClusteredStrategy):
             threshold=self.incentive_threshold,
             noise_z=self.noise_z,
         )
-        while (group := clustering.next_trial()) is not None:
-            members = [nodes[int(i)] for i in group]
-            self._run_trial(clustering, members, local_models, local_acc, grid)
+        self.run_trials(clustering, nodes, local_models, local_acc, grid)
         models = self._adopt_clusters(clustering.labels_, clustering.num_clusters_, nodes,
                                       rows, local_models)
         log(INFO, "round %d: ACFL placed %d nodes in %d clusters of sizes %s after %d trial "
@@ -416,56 +361,6 @@ class ACFL(HardClusteredStrategy):
             "'acfl-trial-epochs' or the phase 1 rounds ('acfl-phase1-rounds'), or train more "
             "local epochs a round", server_round, len(local_acc), margin,
             float(np.mean(local_acc)), self.trial_epochs)
-
-    def _run_trial(
-        self,
-        clustering: GreedyIncentiveClustering,
-        members: list[int],
-        local_models: dict[int, Message],
-        local_acc: dict[int, float],
-        grid: Grid,
-    ) -> None:
-        """Score one trial federation (a cluster plus its candidate) and report it.
-
-        Its model is the members' local-only models averaged, or under the paper's
-        rule (``trial_from_local_models`` False) a round of the group trained anew.
-        """
-        trial_model = (average_replies([local_models[n] for n in members])
-                       if self.trial_from_local_models
-                       else self._trial_federation(members, local_models, grid))
-        global_acc = self._trial_accuracy(members, trial_model, grid)
-        # A member with no score after a retry is left out of the incentive (gain 0):
-        # scoring it 0 would read a lost message as a harmful federation.
-        group_acc = np.array([global_acc.get(n, local_acc[n]) for n in members])
-        own_acc = np.array([local_acc[n] for n in members])
-        sizes = np.array([self._validation_sizes[n] for n in members])
-        threshold = clustering.threshold_for(group_acc, own_acc, sizes)
-        accepted = clustering.report(group_acc, own_acc, sizes)
-        self.trial_evaluations += 1
-        self._trial_margins.append(float((group_acc - own_acc).sum()) - threshold)
-        # The candidate's own gain is logged apart: the sum can hide what
-        # federating costs the newcomer when the group is large.
-        log(INFO, "ACFL trial %d: group of %d, incentive %.3f (threshold %.3g; candidate's "
-            "gain %.3f on %d samples): node %d %s", self.trial_evaluations, len(members),
-            float((group_acc - own_acc).sum()), threshold,
-            float(group_acc[-1] - own_acc[-1]), int(sizes[-1]), members[-1],
-            "joins" if accepted else "is rejected")
-
-    def _trial_federation(
-        self, members: list[int], local_models: dict[int, Message], grid: Grid
-    ) -> ArrayRecord:
-        """The paper's trial: one round of the group from the phase-1 model, averaged.
-
-        A member whose training fails counts in ``trial_failed_members`` and joins
-        the average with its local-only model, trained the same way once before.
-        """
-        trained = self._train_group(members, self._trial_start, self._trial_config, grid)
-        failed = [n for n in members if n not in trained]
-        if failed:
-            self.trial_failed_members += len(failed)
-            log(WARNING, "ACFL trial federation: nodes %s did not train; their local-only "
-                "models stand in", failed)
-        return average_replies([trained.get(n, local_models[n]) for n in members])
 
     def _adopt_clusters(
         self,
@@ -491,95 +386,6 @@ class ACFL(HardClusteredStrategy):
             for cluster in range(num_clusters)
         ])
         return models
-
-    def _train_group(
-        self, nodes: Sequence[int], model: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> dict[int, Message]:
-        """``trial_epochs`` epochs of training of ``model`` on each node; valid replies by node.
-
-        An app's own train handler trains its run config's ``local-epochs`` whatever the
-        message asks. A node whose reply says it trained fewer epochs than
-        ``trial_epochs`` (``local-epochs-done``) trains again from its own last model,
-        until its epochs reach ``trial_epochs`` (at most ``trial_epochs`` messages): the
-        trial scores models trained as long as the parameter says, whatever the handler.
-        A node that does not report its epochs keeps its one pass; one that fails a
-        later pass keeps its last model.
-        """
-        trained = self._train_pass(dict.fromkeys(nodes, model), config, grid)
-        epochs = {node: epochs_done(msg) for node, msg in trained.items()}
-        passes = 1
-        while passes < self.trial_epochs and (short := [
-            n for n, done in epochs.items() if done is not None and done < self.trial_epochs
-        ]):
-            again = self._train_pass(
-                {n: trained[n].content.array_records[p.ARRAYS] for n in short}, config, grid)
-            passes += 1
-            for node in short:
-                done = epochs_done(again[node]) if node in again else None
-                if done:
-                    epochs[node] += done  # type: ignore[operator]
-                    trained[node] = again[node]
-                else:
-                    # A failed or unreported pass: the node keeps its last model.
-                    epochs[node] = None
-        if passes > 1:
-            reached = [e for e in epochs.values() if e is not None]
-            log(INFO if all(e >= self.trial_epochs for e in reached) else WARNING,
-                "ACFL: the nodes' train handler trains fewer than trial_epochs=%d epochs a "
-                "message; %d messages a node took them to %s epochs", self.trial_epochs,
-                passes, f"{min(reached):.3g}" if reached else "an unknown number of")
-        return trained
-
-    def _train_pass(
-        self, models: dict[int, ArrayRecord], config: ConfigRecord, grid: Grid
-    ) -> dict[int, Message]:
-        """Each node trains its model of ``models`` once; the valid replies by node."""
-        self.trial_train_messages += len(models)
-        contents = {node: RecordDict({p.ARRAYS: m, p.CONFIG: config})
-                    for node, m in models.items()}
-        replies = self.send(grid, self.build_messages(contents, MessageType.TRAIN))
-        reference = next(iter(models.values()))
-        valid = self.check_replies(replies, reference, "ACFL trial", trains=False)
-        return {m.metadata.src_node_id: m for m in valid}
-
-    def _trial_accuracy(
-        self, members: Sequence[int], model: ArrayRecord, grid: Grid
-    ) -> dict[int, float]:
-        """Each member's validation accuracy under ``model``; silent members are asked twice."""
-        scores = self._validation_accuracy(dict.fromkeys(members, model), grid)
-        missing = [n for n in members if n not in scores]
-        if missing:
-            scores.update(self._validation_accuracy(dict.fromkeys(missing, model), grid))
-            failed = [n for n in missing if n not in scores]
-            self.trial_failed_members += len(failed)
-            if failed:
-                log(WARNING, "ACFL trial: nodes %s gave no score after a retry; left out of "
-                    "the incentive", failed)
-        return scores
-
-    def _validation_accuracy(
-        self, models: dict[int, ArrayRecord], grid: Grid
-    ) -> dict[int, float]:
-        """Accuracy of each node's model on its validation split, for the nodes that answer."""
-        config = ConfigRecord({p.CFG_SPLIT: "validation"})
-        self.trial_messages += len(models)
-        contents = {node: RecordDict({p.ARRAYS: m, p.CONFIG: config}) for node, m in models.items()}
-        replies = self.send(grid, self.build_messages(contents, MessageType.EVALUATE))
-        scores = {}
-        for msg in self.check_replies(
-            replies, None, "ACFL validation", {p.M_ACCURACY: p.EVALUATE_FIELDS[p.M_ACCURACY]},
-            trains=False,
-        ):
-            metrics = msg.content.metric_records[p.METRICS]
-            scores[msg.metadata.src_node_id] = float(metrics[p.M_ACCURACY])  # type: ignore[arg-type]
-            # The same split every time: the noise threshold needs its size.
-            self._validation_sizes[msg.metadata.src_node_id] = float(
-                metrics[p.M_NUM_EXAMPLES]  # type: ignore[arg-type]
-            )
-        missing = sorted(set(models) - set(scores))
-        if missing:
-            log(WARNING, "ACFL: nodes %s gave no validation accuracy", missing)
-        return scores
 
     # ------------------------------------------------------------------ summary
     def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:

@@ -20,8 +20,8 @@ from fl_clusters.clustering import (
     update_coherence,
     update_norms,
 )
+from fl_clusters.params import Param
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.params import Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import reply_updates
 
@@ -92,59 +92,6 @@ class CFL(HardClusteredStrategy):
     follows the part whose mean update its own update is most similar to
     (cosine). A node that does not answer the placement picks among all cluster
     models by training loss instead, which is logged.
-
-    Parameters
-    ----------
-    gate : str (default: "relative")
-        ``"relative"``: scale-free
-        (:func:`~fl_clusters.clustering.coherence_split_gate`): the mean update
-        is small against the members' own updates of the same round,
-        ``||mean Delta|| < mean_ratio x mean ||Delta_i||``, and the largest
-        update is above ``max_ratio`` x R, R the largest client update norm of
-        the run's first ``max(1, warmup_rounds)`` rounds (by default only
-        above 0). Any scale common to the updates (model, learning rate,
-        momentum, Adam, local epochs) cancels in the first test. Whether
-        members whose moves cancel form groups or only differ by noise is
-        left to ``split_threshold`` and ``min_silhouette``, which read the
-        directions of the updates, not their size. ``"absolute"``: the
-        paper's ``eps1`` and ``eps2``.
-    mean_ratio : float (default: 0.8)
-        Relative gate: split only when ``||mean Delta|| / mean ||Delta_i||``
-        (the coherence, 1 when all members move alike) is below this, in
-        (0, 1]. Members of one distribution move alike while their model
-        improves and less so once it converges; members of distinct groups
-        cancel. The split threshold and the group silhouette, not this gate,
-        are what stop spurious splits once it opens (docs/clustering-defaults.md).
-    max_ratio : float (default: 0.0)
-        Relative gate: split only when the largest member norm is above this x R,
-        >= 0; 0 asks only that some member moved. How far the norms fall
-        after the first rounds is the optimizer's schedule, not the clients'
-        agreement: under Adam a bound on it can keep the gate closed while the
-        groups' moves cancel (docs/clustering-defaults.md).
-    eps1 : float (default: 0.4)
-        Absolute gate: split only when the mean update norm is below this, >= 0.
-    eps2 : float (default: 0.45)
-        Absolute gate: split only when the largest member update norm is above
-        this, >= 0. Norms scale with the model and the local training: these
-        suit the bundled digits MLP; the authors' EMNIST demo used 0.4 and 1.6.
-    split_threshold : float (default: 0.45)
-        Accept a split only when the largest cosine similarity across the two
-        parts is below this, in [-1, 1]. Clients of one distribution keep a
-        high cross similarity, so this is what prevents spurious splits.
-    min_silhouette : float (default: 0.4)
-        Accept a split only when the members' updates form groups: the best
-        silhouette (cosine distance) of a complete-linkage clustering of them
-        into 2..10 clusters is at least this, in [-1, 1]; -1 turns the test
-        off (the paper's rule). Clusters that hold several groups score well
-        above it and clusters of one group well below, where the cross
-        similarity alone lets small noisy groups split
-        (docs/clustering-defaults.md).
-        With the default gate this test is what keeps a converged cluster,
-        whose members' noise cancels, from being cut.
-    warmup_rounds : int (default: 2)
-        No split is considered in rounds ``<= warmup_rounds``.
-    **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "cfl"
@@ -158,21 +105,50 @@ class CFL(HardClusteredStrategy):
               "the update norms grow or shrink and the gate never opens; the relative gate "
               "compares the mean update with the same round's update norms",
               source=f"{SOURCE}, section III: split when the mean update norm is below "
-              "eps1 and the largest above eps2"),
+              "eps1 and the largest above eps2",
+              doc='``"relative"``: scale-free '
+              "(:func:`~fl_clusters.clustering.coherence_split_gate`): the mean update is "
+              "small against the members' own updates of the same round, ``||mean Delta|| < "
+              "mean_ratio x mean ||Delta_i||``, and the largest update is above "
+              "``max_ratio`` x R, R the largest client update norm of the run's first "
+              "``max(1, warmup_rounds)`` rounds (by default only above 0). Any scale common "
+              "to the updates (model, learning rate, momentum, Adam, local epochs) cancels "
+              "in the first test. Whether members whose moves cancel form groups or only "
+              "differ by noise is left to ``split_threshold`` and ``min_silhouette``, which "
+              'read the directions of the updates, not their size. ``"absolute"``: the '
+              "paper's ``eps1`` and ``eps2``."),
         Param("mean_ratio", 0.8, "float",
               "CFL relative gate: split when |mean update| < this x the mean update norm",
-              above=0.0, high=1.0),
+              above=0.0, high=1.0,
+              doc="Relative gate: split only when ``||mean Delta|| / mean ||Delta_i||`` (the "
+              "coherence, 1 when all members move alike) is below this, in (0, 1]. Members "
+              "of one distribution move alike while their model improves and less so once it "
+              "converges; members of distinct groups cancel. The split threshold and the "
+              "group silhouette, not this gate, are what stop spurious splits once it opens "
+              "(docs/clustering-defaults.md)."),
         Param("max_ratio", 0.0, "float",
               "CFL relative gate: largest update norm > this x the largest of the first "
-              "rounds (0: > 0)", low=0.0),
-        Param("eps1", 0.4, "float", "CFL: split when mean update norm < eps1", low=0.0),
+              "rounds (0: > 0)", low=0.0,
+              doc="Relative gate: split only when the largest member norm is above this x R, >= "
+              "0; 0 asks only that some member moved. How far the norms fall after the first "
+              "rounds is the optimizer's schedule, not the clients' agreement: under Adam a "
+              "bound on it can keep the gate closed while the groups' moves cancel "
+              "(docs/clustering-defaults.md)."),
+        Param("eps1", 0.4, "float", "CFL: split when mean update norm < eps1", low=0.0,
+              doc="Absolute gate: split only when the mean update norm is below this, >= 0."),
         Param("eps2", 0.45, "float", "CFL: and max client update norm > eps2", low=0.0,
               paper=1.6, source="the authors' demo code (10 EMNIST clients, half rotated "
               "180 degrees), where eps1 = 0.4 and eps2 = 1.6",
               why="norms scale with the model and the local training: 0.45 suits the "
-              "bundled digits MLP, on which the demo's 1.6 is never reached"),
+              "bundled digits MLP, on which the demo's 1.6 is never reached",
+              doc="Absolute gate: split only when the largest member update norm is above this, "
+              ">= 0. Norms scale with the model and the local training: these suit the "
+              "bundled digits MLP; the authors' EMNIST demo used 0.4 and 1.6."),
         Param("split_threshold", 0.45, "float",
-              "CFL: accept when max cross-cluster cosine < this", low=-1.0, high=1.0),
+              "CFL: accept when max cross-cluster cosine < this", low=-1.0, high=1.0,
+              doc="Accept a split only when the largest cosine similarity across the two parts "
+              "is below this, in [-1, 1]. Clients of one distribution keep a high cross "
+              "similarity, so this is what prevents spurious splits."),
         Param("min_silhouette", 0.4, "float",
               "CFL: split only when the updates' best silhouette over 2..10 groups is >= this "
               "(-1 = off)", low=-1.0, high=1.0, paper=-1.0,
@@ -180,8 +156,17 @@ class CFL(HardClusteredStrategy):
               "only by sample noise is cut wherever the cross similarity dips below the "
               "threshold",
               source=f"{SOURCE}, section III: a split is accepted on the cross-cluster "
-              "similarity alone"),
-        Param("warmup_rounds", 2, "int", "CFL: no split in the first rounds", low=0),
+              "similarity alone",
+              doc="Accept a split only when the members' updates form groups: the best "
+              "silhouette (cosine distance) of a complete-linkage clustering of them into "
+              "2..10 clusters is at least this, in [-1, 1]; -1 turns the test off (the "
+              "paper's rule). Clusters that hold several groups score well above it and "
+              "clusters of one group well below, where the cross similarity alone lets small "
+              "noisy groups split (docs/clustering-defaults.md). With the default gate this "
+              "test is what keeps a converged cluster, whose members' noise cancels, from "
+              "being cut."),
+        Param("warmup_rounds", 2, "int", "CFL: no split in the first rounds", low=0,
+              doc="No split is considered in rounds ``<= warmup_rounds``."),
     )
     # The authors' demo (github.com/felisat/clustered-federated-learning, fl_devices.py),
     # the source of the paper preset's eps1 and eps2.
@@ -198,24 +183,8 @@ class CFL(HardClusteredStrategy):
                     "optimizer between rounds"),
     )
 
-    def __init__(
-        self,
-        *,
-        gate: str = "relative",
-        mean_ratio: float = 0.8,
-        max_ratio: float = 0.0,
-        eps1: float = 0.4,
-        eps2: float = 0.45,
-        split_threshold: float = 0.45,
-        min_silhouette: float = 0.4,
-        warmup_rounds: int = 2,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            gate=gate, mean_ratio=mean_ratio, max_ratio=max_ratio, eps1=eps1, eps2=eps2,
-            split_threshold=split_threshold, min_silhouette=min_silhouette,
-            warmup_rounds=warmup_rounds, **kwargs,
-        )
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.split_rounds: list[int] = []
         self.splits: list[SplitRecord] = []
         # Largest client update norm of the first rounds: the relative gate's scale.

@@ -13,9 +13,9 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
+from fl_clusters.params import NOT_GIVEN, Param
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.params import NOT_GIVEN, Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import (
     average_packed_clusters,
@@ -64,18 +64,6 @@ class FedEM(CentresFromStart):
     initial model for ``init_steps`` local steps, k-means groups the nodes'
     output-layer updates into M groups, and component m starts as the
     example-weighted mean of group m's models; FedEM proper runs from round 2.
-
-    Parameters
-    ----------
-    num_clusters : int (default: 3)
-        M, the number of shared components (the paper's default is 3), >= 2.
-    init : str (default: "local-kmeans")
-        How the M components start: ``"random"`` (the paper's independent
-        draws) or ``"local-kmeans"`` (a warm-start round, see above).
-    init_steps : int (default: 100)
-        Local SGD steps of the warm-start round, >= 1.
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fedem"
@@ -85,7 +73,9 @@ class FedEM(CentresFromStart):
     robust_revision = 2
     client_needs = "nothing more; fl-clusters trains the components (below)"
     params = (
-        num_clusters_param(3, low=2),  # M = 1 would be FedAvg
+        num_clusters_param(3, low=2,
+                           doc="M, the number of shared components (the paper's default is 3), "
+                           ">= 2."),  # M = 1 would be FedAvg
         Param("init", "local-kmeans", "str",
               "FedEM components: k-means of a warm-start round, or the paper's random draws",
               choices=("local-kmeans", "random"), paper="random",
@@ -93,7 +83,9 @@ class FedEM(CentresFromStart):
               "label permutation; a warm-start round's k-means starts each component inside "
               "a group (measured with both presets: docs/results.md)",
               source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: M components "
-              "randomly initialised"),
+              "randomly initialised",
+              doc='How the M components start: ``"random"`` (the paper\'s independent draws) or '
+              '``"local-kmeans"`` (a warm-start round, see above).'),
         Param("init_steps", 100, "int",
               "FedEM local-kmeans start: local SGD steps of the warm-start round", low=1,
               paper=NOT_GIVEN,
@@ -101,7 +93,8 @@ class FedEM(CentresFromStart):
               "as for IFCA's, after ten steps from a common random start label-permuted "
               "groups are inseparable, after a hundred the output layer's updates part "
               "them (docs/clustering-defaults.md)",
-              source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: no warm start"),
+              source="Marfoq et al. 2021 (not among the seeds), Algorithm 1: no warm start",
+              doc="Local SGD steps of the warm-start round, >= 1."),
         FRACTION_TRAIN,
     )
     # The authors' README (github.com/omarfoq/FedEM), its CIFAR-10 FedEM command.
@@ -148,15 +141,8 @@ class FedEM(CentresFromStart):
             "weighted by n_t"),
     )
 
-    def __init__(
-        self,
-        num_clusters: int = 3,
-        *,
-        init: str = "local-kmeans",
-        init_steps: int = 100,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(num_clusters=num_clusters, init=init, init_steps=init_steps, **kwargs)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.mixture_weights: dict[int, np.ndarray] = {}
         self._current = ArrayRecord()
 

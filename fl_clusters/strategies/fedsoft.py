@@ -14,16 +14,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
 from fl_clusters import protocol as p
-from fl_clusters.clustering import (
-    importance_weights,
-    sample_per_cluster,
-    selection_probabilities,
-    weighted_average,
-)
+from fl_clusters.clustering import weighted_average
 from fl_clusters.drawing import random_like
+from fl_clusters.params import Param
 from fl_clusters.strategies.kit.behaviours import Behaviour
+from fl_clusters.strategies.kit.importance import ImportanceWeights
 from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.params import Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import num_examples, reply_layers, train_losses
 from fl_clusters.strategies.kit.shared_params import num_clusters_param
@@ -39,13 +35,7 @@ def _mean(replies: list[Message], names: list[str],
         reply_layers(replies, names), [1.0] * len(replies) if weights is None else weights))
 
 
-# How far above the tie 1/S some node's largest importance weight must lie for the
-# estimates to tell the clusters apart: twice the sampling noise of a share of
-# about 100 samples at S = 2 (sqrt(0.25 / 100) = 0.05).
-INFORMATIVE_MARGIN = 0.1
-
-
-class FedSoft(CentresFromStart):
+class FedSoft(CentresFromStart, ImportanceWeights):
     """FedSoft, following Algorithm 1 of the paper.
 
     Every ``tau`` rounds (from round 1) all nodes receive the S cluster models and
@@ -95,26 +85,6 @@ class FedSoft(CentresFromStart):
     models: with little local training they fit every sample alike, the counts
     are ties and noise, and weighting by them would average every node into
     every cluster alike, erasing the groups.
-
-    Parameters
-    ----------
-    num_clusters : int (default: 2)
-        S, the number of cluster models (source distributions).
-    tau : int (default: 2)
-        Rounds between importance-weight estimates.
-    sigma : float (default: 1e-4)
-        Floor of every importance weight, in [0, 1].
-    clients_per_cluster : int | None (default: None)
-        K, nodes drawn per cluster each round; ``None``: every node with
-        importance weights, so every node trains every round
-        (``preset="paper"``: 15).
-    proximal_lambda : float (default: 0.1)
-        lambda, the weight of the proximal term.
-    init : str (default: "local-kmeans")
-        How the S cluster models start: ``"local-kmeans"`` (a warm-start round,
-        see above) or ``"random"`` (independent draws; ``preset="paper"``).
-    fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fedsoft"
@@ -135,9 +105,12 @@ class FedSoft(CentresFromStart):
     )
     # No fraction_train: the strategy draws clients_per_cluster nodes per cluster.
     params = (
-        num_clusters_param(2),
-        Param("tau", 2, "int", "FedSoft: importance estimate every tau rounds", low=1),
-        Param("sigma", 1e-4, "float", "FedSoft importance floor", low=0.0, high=1.0),
+        num_clusters_param(2,
+                           doc="S, the number of cluster models (source distributions)."),
+        Param("tau", 2, "int", "FedSoft: importance estimate every tau rounds", low=1,
+              doc="Rounds between importance-weight estimates."),
+        Param("sigma", 1e-4, "float", "FedSoft importance floor", low=0.0, high=1.0,
+              doc="Floor of every importance weight, in [0, 1]."),
         Param("clients_per_cluster", None, "int",
               "FedSoft K, nodes drawn per cluster (0: every node, every round)", low=1,
               allow_none=True, unset=0, paper=15,
@@ -151,9 +124,12 @@ class FedSoft(CentresFromStart):
               source="the authors' code (github.com/ycruan/FedSoft, main.py: selection_size "
               "= 15 for its 20 CIFAR-10 clients; servers.py: do_selection=False trains every "
               "client and weighs client k by v_sk); Lai (seed 004), section 4.1, Algorithm 1 "
-              "names K without a value"),
+              "names K without a value",
+              doc="K, nodes drawn per cluster each round; ``None``: every node with importance "
+              'weights, so every node trains every round (``preset="paper"``: 15).'),
         Param("proximal_lambda", 0.1, "float", "FedSoft proximal weight", low=0.0,
-              key="fedsoft-lambda"),
+              key="fedsoft-lambda",
+              doc="lambda, the weight of the proximal term."),
         Param("init", "local-kmeans", "str",
               "FedSoft cluster models: k-means of a warm-start round, or random draws",
               choices=("local-kmeans", "random"), paper="random",
@@ -161,7 +137,9 @@ class FedSoft(CentresFromStart):
               "plugged into Flower's quickstart, FedSoft sat at chance for rounds 1-6 of 10 "
               "from random draws",
               source="Lai (seed 004), section 4.1, Algorithm 1: the centres c_s enter round "
-              "0 with no step that trains or groups them first"),
+              "0 with no step that trains or groups them first",
+              doc='How the S cluster models start: ``"local-kmeans"`` (a warm-start round, see '
+              'above) or ``"random"`` (independent draws; ``preset="paper"``).'),
     )
     behaviours = (
         LOCAL_MODELS_HELD_OUT,
@@ -223,22 +201,8 @@ class FedSoft(CentresFromStart):
                     "rounds; the authors' code (main.py: num_epochs = 200)"),
     )
 
-    def __init__(
-        self,
-        num_clusters: int = 2,
-        *,
-        tau: int = 2,
-        sigma: float = 1e-4,
-        clients_per_cluster: int | None = None,
-        proximal_lambda: float = 0.1,
-        init: str = "local-kmeans",
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            num_clusters=num_clusters, tau=tau, sigma=sigma,
-            clients_per_cluster=clients_per_cluster, proximal_lambda=proximal_lambda, init=init,
-            **kwargs,
-        )
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.importance: dict[int, np.ndarray] = {}
         self.num_train_examples: dict[int, float] = {}
         self.estimate_rounds: list[int] = []
@@ -261,57 +225,6 @@ class FedSoft(CentresFromStart):
         rng = np.random.default_rng(self.seed)
         return p.pack_clusters([random_like(model, rng) for _ in range(self.num_clusters)])
 
-    # ------------------------------------------------------- importance weights
-    def estimate_importance(
-        self, server_round: int, arrays: ArrayRecord, grid: Grid, only_new: bool = False
-    ) -> None:
-        """Ask every node (or, with ``only_new``, each node never asked) which cluster
-        model fits each of its training samples best.
-
-        Nodes that fail or send unusable counts keep their previous weights (or stay
-        out of the selection until they have some).
-        """
-        _, nodes = sample_nodes(grid, self.min_available_nodes, 0)
-        if only_new:
-            nodes = [n for n in nodes if n not in self._estimate_asked]
-            if not nodes:
-                return
-        self._estimate_asked.update(nodes)
-        config = ConfigRecord({p.CFG_ROUND: server_round})
-        replies = self.send(
-            grid,
-            self.build_messages(
-                {node: RecordDict({p.CLUSTERS: arrays, p.CONFIG: config}) for node in nodes},
-                p.QUERY_SAMPLE_ASSIGNMENT,
-            )
-        )
-        counts_field = {p.M_COUNTS: p.MetricField(length=self.num_clusters, low=0.0)}
-        for msg in self.check_replies(replies, None, "fedsoft importance estimate", counts_field,
-                                      trains=False):
-            node = msg.metadata.src_node_id
-            counts = msg.content.metric_records[p.METRICS][p.M_COUNTS]
-            try:
-                # A row of zero counts passes the field check and still has no weights.
-                u = importance_weights(np.asarray([counts], dtype=np.float64), self.sigma)[0]
-            except ValueError as err:
-                self.rejected_replies += 1
-                log(WARNING, "fedsoft importance estimate: rejected reply from node %d: %s",
-                    node, err)
-                continue
-            self.importance[node] = u
-            self.num_train_examples[node] = num_examples(msg)
-            # The hard view of the soft weights: used to pick an untrained node's
-            # evaluation model and for cluster-recovery metrics.
-            self.assignments[node] = int(np.argmax(u))
-        self.estimate_rounds.append(server_round)
-        mean_u = (
-            np.mean(list(self.importance.values()), axis=0).round(3).tolist()
-            if self.importance
-            else []
-        )
-        log(INFO, "round %d: importance weights of %d nodes, mean u %s",
-            server_round, len(self.importance), mean_u)
-
     # ----------------------------------------------------------------- training
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -333,17 +246,7 @@ class FedSoft(CentresFromStart):
             log(WARNING, "round %d: no node has importance weights; nothing to train",
                 server_round)
             return []
-        nodes = sorted(self.importance, key=self.node_order)
-        u = np.stack([self.importance[node] for node in nodes])
-        sizes = np.array([self.num_train_examples[node] for node in nodes])
-        if server_round == self.final_round:
-            self.warn_if_uninformative(server_round, u)
-        probabilities = selection_probabilities(u, sizes)
-        drawn = (
-            [np.flatnonzero(row) for row in probabilities] if self.clients_per_cluster is None
-            else sample_per_cluster(probabilities, self.clients_per_cluster, self.rng)
-        )
-        self.selections[server_round] = [[nodes[int(i)] for i in picks] for picks in drawn]
+        drawn = self.draw_per_cluster(server_round)
         models = p.unpack_clusters(arrays)
         contents: dict[int, RecordDict] = {}
         # A set: a node drawn by several clusters still gets one message.
@@ -365,23 +268,6 @@ class FedSoft(CentresFromStart):
         log(INFO, "configure_train: clusters drew %s nodes; %d distinct nodes train once each",
             [len(picks) for picks in drawn], len(messages))
         return messages
-
-    def warn_if_uninformative(self, server_round: int, u: np.ndarray) -> None:
-        """Say so when the run ends with importance weights (N, S) that tell no cluster apart.
-
-        Weights all near 1/S make every cluster model the same average of the
-        nodes, so none serves a group of its own, and the run still looks healthy.
-        """
-        tie = 1.0 / self.num_clusters
-        largest = float(np.max(u)) if u.size else tie
-        if self.num_clusters > 1 and largest < tie + INFORMATIVE_MARGIN:
-            log(WARNING, "round %d: FedSoft's importance weights tell the clusters apart for "
-                "no node (largest %.2f, a tie is %.2f): every cluster model averages the "
-                "nodes alike and none serves a group of its own. Its cluster models fit no "
-                "node's training samples better than the others, too little local training "
-                "a round for their losses to tell the groups apart: give each round more "
-                "local training (local epochs or steps) or run more rounds",
-                server_round, largest, tie)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -407,9 +293,8 @@ class FedSoft(CentresFromStart):
                     server_round, s)
                 new_models.append(models[s])
                 continue
-            weights = ([float(self.importance[m.metadata.src_node_id][s]
-                              * self.num_train_examples[m.metadata.src_node_id])
-                        for m in members] if self.importance_weighted_mean else None)
+            weights = ([self.importance_mass(m.metadata.src_node_id, s) for m in members]
+                       if self.importance_weighted_mean else None)
             new_models.append(_mean(members, names, weights))
         losses = train_losses(valid)
         metrics = MetricRecord(
@@ -458,12 +343,7 @@ class FedSoft(CentresFromStart):
         every sample alike, and its tied counts would erase the groups.
         """
         for msg, group in zip(start.replies, start.groups, strict=True):
-            node = msg.metadata.src_node_id
-            counts = np.zeros((1, self.num_clusters))
-            counts[0, int(group)] = 1.0
-            self.importance[node] = importance_weights(counts, self.sigma)[0]
-            self.num_train_examples[node] = num_examples(msg)
-            self._estimate_asked.add(node)
+            self.importance_from_group(msg.metadata.src_node_id, group, num_examples(msg))
         names = list(start.model.keys())
         rng = np.random.default_rng(self.seed)
         models = [_mean(members, names) if members else random_like(start.model, rng)

@@ -16,10 +16,10 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
+from fl_clusters.params import Param
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.params import Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import average_replies, reply_layers
 
@@ -76,24 +76,6 @@ class FLDC(ClusteredStrategy):
     as in the paper's Algorithm 1). Every later round samples
     ``max(round(r * |T_i|), 1)`` nodes from each cluster T_i and replaces the
     global model by their weighted FedAvg.
-
-    Parameters
-    ----------
-    min_pts : int (default: 4)
-        DBSCAN's MinPts, counting the point itself (as in the paper's definition
-        of the eps-neighbourhood and in scikit-learn); >= 2.
-    eps : float | None (default: None)
-        DBSCAN radius, > 0, in the distance's units (standardized parameters, raw
-        under ``preset="paper"``); ``None`` chooses it by ``eps_method``.
-    eps_method : str (default: "knee")
-        ``"knee"``: the knee of the curve of distances to the ``min_pts``-th
-        nearest model (the model itself included); ``"silhouette"``: the best
-        silhouette over a grid of that curve's quantiles (ours: the paper's
-        table 5 uses the silhouette to validate the knee, not to search).
-    r : float (default: 0.2)
-        Share of every cluster sampled each round after the first, in (0, 1].
-    fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "fldc"
@@ -108,14 +90,23 @@ class FLDC(ClusteredStrategy):
                                 "sorted k-distance curve, r = 0.2")
     # No fraction_train: round 1 trains every node, later rounds r of every cluster.
     params = (
-        Param("min_pts", 4, "int", "FLDC DBSCAN MinPts (the point itself counts)", low=2),
+        Param("min_pts", 4, "int", "FLDC DBSCAN MinPts (the point itself counts)", low=2,
+              doc="DBSCAN's MinPts, counting the point itself (as in the paper's definition of "
+              "the eps-neighbourhood and in scikit-learn); >= 2."),
         Param("eps", None, "float", "FLDC DBSCAN eps (0 = chosen by fldc-eps-method)",
-              above=0.0, allow_none=True, unset=0.0),
+              above=0.0, allow_none=True, unset=0.0,
+              doc="DBSCAN radius, > 0, in the distance's units (standardized parameters, raw "
+              'under ``preset="paper"``); ``None`` chooses it by ``eps_method``.'),
         Param("eps_method", "knee", "str",
               "FLDC eps when fldc-eps is 0: k-distance knee, or best silhouette over a grid "
               "of its quantiles (ours; the paper validates the knee by it)",
-              choices=EPS_METHODS),
-        Param("r", 0.2, "float", "FLDC sampling rate per cluster", above=0.0, high=1.0),
+              choices=EPS_METHODS,
+              doc='``"knee"``: the knee of the curve of distances to the ``min_pts``-th nearest '
+              'model (the model itself included); ``"silhouette"``: the best silhouette over '
+              "a grid of that curve's quantiles (ours: the paper's table 5 uses the "
+              "silhouette to validate the knee, not to search)."),
+        Param("r", 0.2, "float", "FLDC sampling rate per cluster", above=0.0, high=1.0,
+              doc="Share of every cluster sampled each round after the first, in (0, 1]."),
     )
     behaviours = (
         Behaviour(
@@ -164,16 +155,8 @@ class FLDC(ClusteredStrategy):
                     "MNIST (100 on CIFAR-10)"),
     )
 
-    def __init__(
-        self,
-        *,
-        min_pts: int = 4,
-        eps: float | None = None,
-        eps_method: str = "knee",
-        r: float = 0.2,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(min_pts=min_pts, eps=eps, eps_method=eps_method, r=r, **kwargs)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.clustering: DensityClustering | None = None
         self.labels: dict[int, int] = {}
         self._strata: dict[int, int] = {}

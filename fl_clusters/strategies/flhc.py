@@ -12,8 +12,8 @@ from flwr.serverapp import Grid
 
 from fl_clusters.clustering import UpdateHierarchy
 from fl_clusters.clustering.hierarchical import DISTANCES, LINKAGES, THRESHOLDS
+from fl_clusters.params import Param
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.params import Param
 from fl_clusters.strategies.kit.replies import reply_updates
 
 
@@ -42,88 +42,57 @@ class FLHC(HardClusteredStrategy):
 
     Copies of an update (two clients with the same data and seed, a node that
     reports twice) are clustered once (:class:`~fl_clusters.clustering.UpdateHierarchy`).
-
-    Parameters
-    ----------
-    warmup_rounds : int (default: 3)
-        FedAvg rounds before the clustering round, >= 0 (0 clusters the updates
-        of round 1, trained from the initial model).
-    linkage : str (default: "ward")
-        ``"ward"``, ``"average"``, ``"complete"`` or ``"single"``.
-    metric : str (default: "euclidean")
-        ``"euclidean"``, ``"manhattan"`` or ``"cosine"`` (ward needs euclidean).
-    threshold : str (default: "gap")
-        ``"gap"``: cut inside the largest jump between consecutive merge heights
-        of the tree, if the higher is at least ``min_gap`` times the lower, else
-        one cluster; ratios of heights hold for any model and local training.
-        Only jumps above the noise floor count (the lower merge at least the
-        median nearest-neighbour distance / ``min_gap``).
-        ``"relative"``: cut at ``distance_ratio`` x the median distance from each
-        update to its nearest other update. ``"absolute"``: cut at
-        ``distance_threshold`` (the paper's form).
-    min_gap : float (default: 1.6)
-        Gap cut: the smallest jump that separates clusters, > 1.
-    distance_ratio : float (default: 2.5)
-        Relative cut, > 0.
-    distance_threshold : float (default: 0.9)
-        Absolute cut, > 0, in the metric's units. Update distances scale with the
-        model and local work: 0.9 suits the bundled digits MLP (lr 0.1, 10 steps).
-    **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "flhc"
     paper = "Briggs, Fan, Andras, IJCNN 2020 (FL+HC)"
     params = (
-        Param("warmup_rounds", 3, "int", "FL+HC: FedAvg rounds before clustering", low=0),
-        Param("linkage", "ward", "str", "FL+HC agglomerative linkage", choices=LINKAGES),
+        Param("warmup_rounds", 3, "int", "FL+HC: FedAvg rounds before clustering", low=0,
+              doc="FedAvg rounds before the clustering round, >= 0 (0 clusters the updates of "
+              "round 1, trained from the initial model)."),
+        Param("linkage", "ward", "str", "FL+HC agglomerative linkage", choices=LINKAGES,
+              doc='``"ward"``, ``"average"``, ``"complete"`` or ``"single"``.'),
         Param("metric", "euclidean", "str",
-              "FL+HC distance between updates (ward needs euclidean)", choices=DISTANCES),
+              "FL+HC distance between updates (ward needs euclidean)", choices=DISTANCES,
+              doc='``"euclidean"``, ``"manhattan"`` or ``"cosine"`` (ward needs euclidean).'),
         Param("threshold", "gap", "str",
               "FL+HC cut: largest jump of merge heights, ratio x nearest distance, or absolute",
               choices=THRESHOLDS, paper="absolute",
               why="an absolute distance threshold is in the units of one model and data set; "
               "the gap cut reads the tree's own merge heights, whatever the model's scale",
               source="Briggs et al. 2020 (not among the seeds), section III: a distance "
-              "threshold on the hierarchy decides the clusters"),
+              "threshold on the hierarchy decides the clusters",
+              doc='``"gap"``: cut inside the largest jump between consecutive merge heights of '
+              "the tree, if the higher is at least ``min_gap`` times the lower, else one "
+              "cluster; ratios of heights hold for any model and local training. Only jumps "
+              "above the noise floor count (the lower merge at least the median "
+              'nearest-neighbour distance / ``min_gap``). ``"relative"``: cut at '
+              "``distance_ratio`` x the median distance from each update to its nearest "
+              'other update. ``"absolute"``: cut at ``distance_threshold`` (the paper\'s '
+              "form)."),
         Param("min_gap", 1.6, "float",
               "FL+HC gap cut: smallest jump between merge heights that separates clusters",
-              above=1.0),
+              above=1.0,
+              doc="Gap cut: the smallest jump that separates clusters, > 1."),
         Param("distance_ratio", 2.5, "float",
               "FL+HC relative cut: this x the median distance to the nearest other update",
-              above=0.0),
+              above=0.0,
+              doc="Relative cut, > 0."),
         Param("distance_threshold", 0.9, "float",
-              "FL+HC absolute cut (the paper's form; suits the digits MLP only)", above=0.0),
+              "FL+HC absolute cut (the paper's form; suits the digits MLP only)", above=0.0,
+              doc="Absolute cut, > 0, in the metric's units. Update distances scale with the "
+              "model and local work: 0.9 suits the bundled digits MLP (lr 0.1, 10 steps)."),
     )
 
-    def __init__(
-        self,
-        *,
-        warmup_rounds: int = 3,
-        linkage: str = "ward",
-        metric: str = "euclidean",
-        threshold: str = "gap",
-        min_gap: float = 1.6,
-        distance_ratio: float = 2.5,
-        distance_threshold: float = 0.9,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            warmup_rounds=warmup_rounds, linkage=linkage, metric=metric, threshold=threshold,
-            min_gap=min_gap, distance_ratio=distance_ratio,
-            distance_threshold=distance_threshold, **kwargs,
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
+        # From the attributes: the preset may have replaced an argument's default. A
+        # refusal (ward with another metric) names the argument; a run config's
+        # builder renames it to its key.
+        self.hierarchy = UpdateHierarchy(
+            self.linkage, self.metric, self.threshold, self.min_gap, self.distance_ratio,
+            self.distance_threshold,
         )
-        try:
-            # From the attributes: the preset may have replaced an argument's default.
-            self.hierarchy = UpdateHierarchy(
-                self.linkage, self.metric, self.threshold, self.min_gap, self.distance_ratio,
-                self.distance_threshold,
-            )
-        except ValueError as error:
-            raise ValueError(
-                f"{error} (run-config keys 'flhc-linkage', 'flhc-metric', 'flhc-threshold', "
-                "'flhc-min-gap', 'flhc-distance-ratio', 'flhc-distance-threshold')"
-            ) from error
         self.clustering_round: int | None = None
         # For late nodes: the model the clustered updates started from, and each
         # cluster's mean update.

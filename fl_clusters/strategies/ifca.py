@@ -20,10 +20,10 @@ from fl_clusters.clustering import (
     widest_group,
 )
 from fl_clusters.drawing import draw_clusters
+from fl_clusters.params import Param
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
 from fl_clusters.strategies.kit.options.mcfl import MCFLOption
-from fl_clusters.strategies.kit.params import Param
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import (
     num_examples,
@@ -51,51 +51,6 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     averaging). The server averages per chosen cluster; a cluster no client chose
     keeps its model, and one that no client chose for ``reseed_after`` rounds in a
     row is re-seeded from the cluster whose members disagree most.
-
-    Parameters
-    ----------
-    num_clusters : int (default: 4)
-        k, the number of cluster models.
-    mode : str (default: "model")
-        ``"model"`` (option II, model averaging) or ``"gradient"`` (option I).
-    server_lr : float (default: 0.5)
-        Gradient averaging step size gamma (unused for model averaging), > 0.
-    aggregation : str (default: "weighted")
-        ``"weighted"``: a cluster becomes its members' example-weighted mean model
-        (or steps along their example-weighted mean gradient). ``"paper"``: the
-        paper's updates, unweighted: option II takes the plain mean of the
-        members' models, option I steps ``theta_j - gamma / m * sum of cluster
-        j's gradients`` with m the clients that answered this round.
-    head_layers : int (default: 0)
-        Weight sharing: 0 clusters the whole model; h > 0 clusters only the last h
-        layers and trains the rest as one shared body with FedAvg over all clients.
-        The body starts from the initial model (a pretrained body is kept).
-    init : str (default: "local-kmeans")
-        ``"local-kmeans"``: in the first round every sampled client trains the
-        initial model for ``init_steps`` local steps, k-means over their
-        output-layer updates (less the mean row, unit norm) groups them, and
-        cluster j starts as the mean of group j's models: one round that sends
-        one model per client, and the groups follow the data whatever its
-        structure. ``"random"``: the paper's k random models (``restarts`` of
-        them tried).
-    restarts : int (default: 1)
-        With ``init="random"``: random initializations to try; the one whose first
-        loss-based assignment is most balanced across clusters is kept. All are
-        scored in one query that sends each sampled client the initial model and
-        the candidates' seeds (the client draws the candidates itself).
-    init_steps : int (default: 100)
-        Local SGD steps of the ``local-kmeans`` round, >= 1: enough for the
-        local models to move away from the random start towards their own
-        data, so that groups (label skew included) separate
-        (docs/clustering-defaults.md).
-    reseed_after : int (default: 3)
-        A cluster no client chose for this many rounds in a row is re-seeded:
-        the members of the cluster with the widest spread of updates are split in
-        two by 2-means and each side's mean becomes one of the two models. 0
-        never re-seeds.
-    **kwargs
-        The shared arguments, those of
-        :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy` (AWCFL and MCFL too).
     """
 
     name = "ifca"
@@ -103,18 +58,29 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     paper = "Ghosh et al., NeurIPS 2020"
     client_needs = 'nothing more; `mode="gradient"` is refused (below)'
     params = (
-        num_clusters_param(4),
+        num_clusters_param(4,
+                           doc="k, the number of cluster models."),
         Param("mode", "model", "str", "IFCA model or gradient averaging",
-              choices=("model", "gradient")),
-        Param("server_lr", 0.5, "float", "IFCA gradient mode: server step gamma", above=0.0),
+              choices=("model", "gradient"),
+              doc='``"model"`` (option II, model averaging) or ``"gradient"`` (option I).'),
+        Param("server_lr", 0.5, "float", "IFCA gradient mode: server step gamma", above=0.0,
+              doc="Gradient averaging step size gamma (unused for model averaging), > 0."),
         Param("aggregation", "weighted", "str",
               "IFCA: example-weighted means, or the paper's unweighted updates",
               choices=("weighted", "paper"), paper="paper",
               why="a cluster's model weighs each member by its examples, as FedAvg does; the "
               "paper's plain means let a small client count as much as a large one",
               source=f"{SOURCE}, Algorithm 1: theta_j <- mean of the models (option II) or "
-              "theta_j - gamma/m x the sum of the gradients (option I)"),
-        Param("head_layers", 0, "int", "IFCA weight sharing: clustered last layers", low=0),
+              "theta_j - gamma/m x the sum of the gradients (option I)",
+              doc='``"weighted"``: a cluster becomes its members\' example-weighted mean model '
+              '(or steps along their example-weighted mean gradient). ``"paper"``: the '
+              "paper's updates, unweighted: option II takes the plain mean of the members' "
+              "models, option I steps ``theta_j - gamma / m * sum of cluster j's gradients`` "
+              "with m the clients that answered this round."),
+        Param("head_layers", 0, "int", "IFCA weight sharing: clustered last layers", low=0,
+              doc="Weight sharing: 0 clusters the whole model; h > 0 clusters only the last h "
+              "layers and trains the rest as one shared body with FedAvg over all clients. "
+              "The body starts from the initial model (a pretrained body is kept)."),
         Param("init", "local-kmeans", "str",
               "IFCA start: k-means of a first local round, or the paper's random models",
               choices=("local-kmeans", "random"), paper="random",
@@ -122,21 +88,37 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
               "differ by a label permutation or rotation; k-means of one local round's "
               "updates starts each cluster inside a group (docs/clustering-defaults.md)",
               source=f"{SOURCE}, sections Algorithm and Experiments: k randomly "
-              "initialised models"),
+              "initialised models",
+              doc='``"local-kmeans"``: in the first round every sampled client trains the '
+              "initial model for ``init_steps`` local steps, k-means over their output-layer "
+              "updates (less the mean row, unit norm) groups them, and cluster j starts as "
+              "the mean of group j's models: one round that sends one model per client, and "
+              'the groups follow the data whatever its structure. ``"random"``: the paper\'s '
+              "k random models (``restarts`` of them tried)."),
         Param("restarts", 1, "int",
               "IFCA random initializations to try (ifca-init='random'; most balanced wins)",
               low=1, paper=10,
               source=f"{SOURCE}, section Experiments: 'random initialisation and a few "
               "restarts suffice'; its synthetic runs draw 10 initialisations",
               why="the default start is local-kmeans, to which restarts do not apply; one "
-              "draw keeps a random start to one model per node"),
+              "draw keeps a random start to one model per node",
+              doc='With ``init="random"``: random initializations to try; the one whose first '
+              "loss-based assignment is most balanced across clusters is kept. All are "
+              "scored in one query that sends each sampled client the initial model and the "
+              "candidates' seeds (the client draws the candidates itself)."),
         Param("init_steps", 100, "int",
-              "IFCA local-kmeans start: local SGD steps of the first round", low=1),
+              "IFCA local-kmeans start: local SGD steps of the first round", low=1,
+              doc="Local SGD steps of the ``local-kmeans`` round, >= 1: enough for the local "
+              "models to move away from the random start towards their own data, so that "
+              "groups (label skew included) separate (docs/clustering-defaults.md)."),
         Param("reseed_after", 3, "int",
               "IFCA: re-seed a cluster no client chose for this many rounds (0 = never)", low=0,
               paper=0, why="a cluster no client chooses never trains again in the paper's "
               "rule; re-seeding it from the widest cluster gives it a group to win",
-              source=f"{SOURCE}, Algorithm 1: a cluster no client chose keeps its model"),
+              source=f"{SOURCE}, Algorithm 1: a cluster no client chose keeps its model",
+              doc="A cluster no client chose for this many rounds in a row is re-seeded: the "
+              "members of the cluster with the widest spread of updates are split in two by "
+              "2-means and each side's mean becomes one of the two models. 0 never re-seeds."),
         FRACTION_TRAIN,
         *INTER_CLUSTER,
     )
@@ -170,27 +152,10 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
                     "client"),
     )
 
-    def __init__(
-        self,
-        num_clusters: int = 4,
-        *,
-        mode: str = "model",
-        server_lr: float = 0.5,
-        aggregation: str = "weighted",
-        head_layers: int = 0,
-        init: str = "local-kmeans",
-        restarts: int = 1,
-        init_steps: int = 100,
-        reseed_after: int = 3,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            num_clusters=num_clusters, mode=mode, server_lr=server_lr, aggregation=aggregation,
-            head_layers=head_layers, init=init, restarts=restarts, init_steps=init_steps,
-            reseed_after=reseed_after, **kwargs,
-        )
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.reseeds: list[tuple[int, int, int]] = []
-        self._idle_rounds = np.zeros(num_clusters, dtype=np.int64)
+        self._idle_rounds = np.zeros(self.num_clusters, dtype=np.int64)
         self._current = ArrayRecord()
 
     def assignment_for(self, node_id: int) -> int | None:

@@ -10,9 +10,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
+from fl_clusters.params import NOT_GIVEN
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.params import NOT_GIVEN
 from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN
 
 # How a node's own model is scored, wherever one is kept (local-only training,
@@ -35,11 +35,6 @@ class LocalOnly(ClusteredStrategy):
     each node starts from; later messages carry it too (nodes ignore it once they
     have their own). Nothing is aggregated, so ``result.arrays`` stays the initial
     model and personalized accuracy comes from the nodes' own models.
-
-    Parameters
-    ----------
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
     """
 
     name = "local"
@@ -53,8 +48,8 @@ class LocalOnly(ClusteredStrategy):
     )
     behaviours = (LOCAL_MODELS_HELD_OUT,)
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self._initial = ArrayRecord()
 
     def configure_train(

@@ -15,9 +15,9 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.anchored_kmeans import UNCLUSTERED, anchored_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
+from fl_clusters.params import NOT_GIVEN, REQUIRED, Param
 from fl_clusters.strategies.kit.behaviours import Behaviour
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.params import NOT_GIVEN, REQUIRED, Param
 from fl_clusters.strategies.kit.replies import num_examples, reply_layers
 from fl_clusters.strategies.kit.shared_params import num_clusters_param
 
@@ -50,20 +50,6 @@ class WeCFL(HardClusteredStrategy):
     that was never clustered (not sampled in round 1, or joined later) receives
     every cluster model, trains the one of lowest loss on its training split,
     and k-means then places its trained model.
-
-    Parameters
-    ----------
-    num_clusters : int
-        k, the number of cluster models, >= 1.
-    n_init : int (default: 10)
-        k-means++ starts of the first clustering (of every round's under
-        ``preset="paper"``), >= 1.
-    init_steps : int (default: 100)
-        Local SGD steps of the rounds before the first k-means, whose models it
-        clusters; 0 trains them as every other round (``preset="paper"``). A
-        plug-in app's own ``train()`` takes its own steps.
-    **kwargs
-        The shared arguments; see :class:`~fl_clusters.strategies.kit.hard.HardClusteredStrategy`.
     """
 
     name = "wecfl"
@@ -72,13 +58,16 @@ class WeCFL(HardClusteredStrategy):
     # 3: the models of the first k-means train init_steps local steps.
     robust_revision = 3
     params = (
-        num_clusters_param(REQUIRED),
+        num_clusters_param(REQUIRED,
+                           doc="k, the number of cluster models, >= 1."),
         Param("n_init", 10, "int", "WeCFL: k-means++ starts of the first k-means", low=1,
               paper=NOT_GIVEN,
               why="the lowest weighted inertia of ten k-means++ starts keeps one unlucky "
               "start from fixing the clusters, at a cost small against a round's training",
               source="Ma et al. 2022 (not among the seeds; the digest in ALGORITHMS.md "
-              "gives weighted k-means over the client models, not how it starts)"),
+              "gives weighted k-means over the client models, not how it starts)",
+              doc="k-means++ starts of the first clustering (of every round's under "
+              '``preset="paper"``), >= 1.'),
         Param("init_steps", 100, "int",
               "WeCFL: local SGD steps of the round whose models the first k-means clusters "
               "(0 = the run's local training)", low=0, paper=0,
@@ -88,7 +77,10 @@ class WeCFL(HardClusteredStrategy):
               "defaults.md, the held-out placement table); IFCA's warm start trains 100 "
               "steps for the same reason",
               source="Ma et al. 2022 (not among the seeds; digest in ALGORITHMS.md): the "
-              "first k-means clusters the models of an ordinary round"),
+              "first k-means clusters the models of an ordinary round",
+              doc="Local SGD steps of the rounds before the first k-means, whose models it "
+              'clusters; 0 trains them as every other round (``preset="paper"``). A plug-in '
+              "app's own ``train()`` takes its own steps."),
     )
     behaviours = (
         Behaviour(
@@ -122,11 +114,8 @@ class WeCFL(HardClusteredStrategy):
             "the client models in every round"),
     )
 
-    def __init__(
-        self, num_clusters: int, *, n_init: int = 10, init_steps: int = 100, **kwargs: Any
-    ) -> None:
-        super().__init__(num_clusters=num_clusters, n_init=n_init, init_steps=init_steps,
-                         **kwargs)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.clustering_round: int | None = None
         self.reassigned: list[int] = []
         # Each node's last reported data size: an unsampled node's weight in k-means.

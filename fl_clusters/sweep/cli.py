@@ -1,4 +1,4 @@
-"""The ``fl-clusters`` command: ``fl-clusters sweep FILE.toml`` runs a sweep file.
+"""``fl-clusters sweep FILE.toml`` runs a sweep file (the command: :mod:`fl_clusters.cli`).
 
 ``python -m fl_clusters.sweep FILE.toml`` is the same command without the
 ``sweep`` word. docs/sweeps.md describes the file and what a sweep writes.
@@ -239,19 +239,3 @@ def sweep_main(argv: list[str] | None = None) -> int:
     )
     add_sweep_arguments(parser)
     return sweep_command(parser.parse_args(argv))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``fl-clusters SUBCOMMAND ...``: the project's command line."""
-    parser = argparse.ArgumentParser(prog="fl-clusters", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    add_sweep_arguments(commands.add_parser(
-        "sweep", help="run a sweep file: a grid of runs in one process (docs/sweeps.md)",
-        description="Run a sweep file (docs/sweeps.md).",
-    ))
-    args = parser.parse_args(argv)
-    return sweep_command(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -139,7 +139,7 @@ def simulate(
     results folder is the one it finds there. The paper preset's training recipe
     is off (run-config key ``paper-recipe``): the run's recipe is ``settings``, as
     a sweep file's cells share theirs. ``client_mods`` are Flower client
-    mods wrapped around every client's handlers (:mod:`fl_clusters.chaos`'s fault
+    mods wrapped around every client's handlers (:mod:`fl_clusters.fault_injection`'s fault
     injector).
 
     Raises whatever ended the run: the ServerApp's own error (a configuration it

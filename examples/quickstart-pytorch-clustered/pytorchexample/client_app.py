@@ -9,7 +9,7 @@ sent) and their reply tells the server which cluster the node trained.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -20,6 +20,58 @@ from fl_clusters import ClusteredClient  # fl-clusters
 from pytorchexample.task import Net, group_of, load_data, load_validation, run_config
 from pytorchexample.task import test as test_fn
 from pytorchexample.task import train as train_fn
+
+
+def train_on_local_data(
+    msg: Message, context: Context, cfg: Mapping[str, Any],
+    regularizer: Callable[[torch.nn.Module], Any],
+) -> Message:
+    """The quickstart's train handler: train the received model on this node's data.
+
+    ``regularizer(net)`` joins the loss (FedProx's and FedSoft's proximal term).
+    """
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    trainloader, _ = load_data(
+        partition_id, num_partitions, cfg["batch-size"], cfg["validation-fraction"]
+    )
+
+    train_loss = train_fn(
+        model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device,
+        cfg["optimizer"], regularizer=regularizer,
+    )
+
+    metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
+    content = RecordDict(
+        {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
+    )
+    return Message(content=content, reply_to=msg)
+
+
+def evaluate_on_local_data(msg: Message, context: Context, cfg: Mapping[str, Any]) -> Message:
+    """The quickstart's evaluate handler: score the received model on this node's data."""
+    model = Net()
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+
+    partition_id = context.node_config["partition-id"]
+    num_partitions = context.node_config["num-partitions"]
+    _, valloader = load_data(partition_id, num_partitions, cfg["batch-size"])
+
+    eval_loss, eval_acc = test_fn(model, valloader, device)
+
+    metrics = {
+        "eval_loss": eval_loss,
+        "eval_acc": eval_acc,
+        "num-examples": len(valloader.dataset),
+    }
+    return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
 def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
@@ -46,52 +98,16 @@ def build_client_app(overrides: Mapping[str, Any] | None = None) -> ClientApp:
     @clustered.train  # fl-clusters
     def train(msg: Message, context: Context) -> Message:
         """Train the model on local data."""
-        model = Net()
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-        model.to(device)
-
-        cfg = run_config(context, overrides)
-        partition_id = context.node_config["partition-id"]
-        num_partitions = context.node_config["num-partitions"]
-        trainloader, _ = load_data(
-            partition_id, num_partitions, cfg["batch-size"], cfg["validation-fraction"]
-        )
-
-        train_loss = train_fn(
-            model, trainloader, cfg["local-epochs"], msg.content["config"]["lr"], device,
-            cfg["optimizer"],
+        return train_on_local_data(
+            msg, context, run_config(context, overrides),
             regularizer=clustered.regularizer,  # fl-clusters: FedProx/FedSoft proximal term
         )
-
-        metrics = {"train_loss": train_loss, "num-examples": len(trainloader.dataset)}
-        content = RecordDict(
-            {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
-        )
-        return Message(content=content, reply_to=msg)
 
     @app.evaluate()
     @clustered.evaluate  # fl-clusters
     def evaluate(msg: Message, context: Context) -> Message:
         """Evaluate the model on local data."""
-        model = Net()
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-        model.to(device)
-
-        cfg = run_config(context, overrides)
-        partition_id = context.node_config["partition-id"]
-        num_partitions = context.node_config["num-partitions"]
-        _, valloader = load_data(partition_id, num_partitions, cfg["batch-size"])
-
-        eval_loss, eval_acc = test_fn(model, valloader, device)
-
-        metrics = {
-            "eval_loss": eval_loss,
-            "eval_acc": eval_acc,
-            "num-examples": len(valloader.dataset),
-        }
-        return Message(content=RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+        return evaluate_on_local_data(msg, context, run_config(context, overrides))
 
     return app
 

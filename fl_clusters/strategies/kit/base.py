@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from logging import INFO
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,7 +24,7 @@ from fl_clusters.strategies.kit.evaluation import (
     mean_metrics,
     per_cluster_evaluate,
 )
-from fl_clusters.strategies.kit.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.kit.interface import ClusterFeatureSource, RoundHistory, ServerStrategy
 from fl_clusters.strategies.kit.presets import Declared
 from fl_clusters.strategies.kit.replies import count_failed_round, validate_replies
 from fl_clusters.strategies.kit.shared_params import (
@@ -51,29 +50,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
     into the strategies that offer them
     (:class:`~fl_clusters.strategies.kit.options.awcfl.AWCFLOption`,
     :class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`).
-
-    Parameters
-    ----------
-    preset : str (default: "robust")
-        ``"robust"``: the library's defaults and rules. ``"paper"``: every
-        argument whose default departs from the published algorithm takes the
-        paper's value, except an argument the caller passes, which is kept
-        (``preset_kept`` in the summary), and every rule declared as departing
-        runs the paper's (``behaviours``); each is declared with its reason and
-        source (docs/paper-fidelity.md).
-    fraction_train : float (default: 1.0)
-        Fraction of connected nodes sampled for training each round.
-    fraction_evaluate : float (default: 1.0)
-        Fraction of connected nodes sampled for evaluation each round; the last
-        round of :meth:`start` evaluates every node. 0 evaluates none.
-    min_available_nodes : int (default: 2)
-        Nodes that must be connected before a round starts.
-    max_failed_rounds : int (default: 3)
-        Training rounds in a row without one valid reply after which the run
-        stops with a ``RuntimeError`` that lists the clients' errors, instead of
-        going on (and returning) with models nobody trained. >= 1.
-    seed : int (default: 0)
-        Seed of node sampling and of any random initialization.
     """
 
     paper = "base class of the strategies above"
@@ -84,9 +60,11 @@ class ClusteredStrategy(ServerStrategy, Declared):
     # Every strategy with a name, by name: what a run config can build.
     registry: ClassVar[dict[str, type[ClusteredStrategy]]] = {}
 
-    def __init__(self, **params: Any) -> None:
-        # Also the option the base's methods read in strategies that do not take it.
-        self.init_params(params, defaults=(FRACTION_TRAIN,))
+    def __init__(self, **arguments: Any) -> None:
+        # Every declared argument is checked and set here, from the call's
+        # arguments that each subclass's __init__ passes on; fraction_train also
+        # in strategies that do not take it, since the base's methods read it.
+        self.init_params(arguments, defaults=(FRACTION_TRAIN,))
         # Set by the registry when the run config built the strategy: error
         # messages then name run-config keys instead of constructor arguments.
         self.from_run_config = False
@@ -107,10 +85,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         self.evaluated_models = 1
 
     # ------------------------------------------------------------------ helpers
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """None: any federation will do (strategies whose round 1 needs more override it)."""
-        return None
-
     def assignment_for(self, node_id: int) -> int | None:
         """Cluster of ``node_id`` decided by the server, or ``None`` if the node decides."""
         return self.assignments.get(node_id)
@@ -290,11 +264,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         replies = self.send(grid, self.broadcast(nodes, record, MessageType.TRAIN))
         return self.check_replies(replies, start, stage, trains=False)
 
-    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
-        """None: only a strategy with MCFL
-        (:class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`) has cluster features."""
-        return None
-
     def mcfl_test_samples(self) -> int | None:
         """None: a node choosing by MCFL's features averages all its test inputs."""
         return None
@@ -317,7 +286,8 @@ class ClusteredStrategy(ServerStrategy, Declared):
             return []
         models = p.unpack_clusters(arrays)
         self.evaluated_models = len(models)
-        features = self.mcfl_cluster_features(len(models)) if len(models) > 1 else None
+        features = (self.mcfl_cluster_features(len(models))
+                    if len(models) > 1 and isinstance(self, ClusterFeatureSource) else None)
         contents = {
             node: evaluate_content(arrays, models, self.round_config(config, server_round),
                                    self.assignment_for(node), features,
@@ -353,10 +323,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         )
         return MetricRecord({p.M_ACCURACY: accuracy, p.M_LOSS: loss, p.M_NUM_EXAMPLES: examples})
 
-    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
-        """None: strategies that compare their clients (cosine of updates...) override it."""
-        return None
-
     def preset_fields(self) -> dict[str, Any]:
         """``preset``, the arguments it set to the paper's values and those the caller kept.
 
@@ -370,14 +336,6 @@ class ClusteredStrategy(ServerStrategy, Declared):
         if self.preset == "paper":
             fields["preset_rules"] = list(self.preset_rules)
         return fields
-
-    def summary_fields(self) -> dict[str, Any]:
-        """No entries: subclasses add what their algorithm decided (split rounds, trials...)."""
-        return {}
-
-    def write_artifacts(self, folder: Path) -> list[Path]:
-        """Nothing: subclasses with plots of their own write them here."""
-        return []
 
     def summary(self) -> None:
         """Log the strategy's settings."""

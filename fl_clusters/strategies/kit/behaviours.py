@@ -1,6 +1,6 @@
 """Behaviours declared once: where a strategy's rule departs from its paper's.
 
-A :class:`~fl_clusters.strategies.kit.params.Param` declares a departure that is a
+A :class:`~fl_clusters.params.Param` declares a departure that is a
 value (IFCA's ``init``, CFL's ``gate``); a :class:`Behaviour` declares one that
 no argument shows: a rule the code follows (ACFL's trial federation, FLDC's
 round 0, AWCFL's weighting). A strategy class lists its own in ``behaviours``

@@ -12,16 +12,14 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fl_clusters.handshake import NodeIdentities, NodeRegistry
-from fl_clusters.strategies.kit.interface import RoundHistory, ServerStrategy
+from fl_clusters.strategies.kit.interface import ServerStrategy
 
 
 class KeyOrderedNodes:
@@ -90,10 +88,6 @@ class FlowerBaseline(ServerStrategy):
         """Keep the handshake's keys; its malformed replies are not Flower's rejections."""
         self.nodes.adopt(identities)
 
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """Flower's strategies run on any number of nodes."""
-        return None
-
     def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
         """Seed Python's random, or give it back its state at the resumed checkpoint."""
         self.final_round = num_rounds
@@ -148,31 +142,3 @@ class FlowerBaseline(ServerStrategy):
 
     def _ordered(self, grid: Grid) -> Grid:
         return KeyOrderedNodes(grid, self.nodes)  # type: ignore[return-value]
-
-    def assignment_for(self, node_id: int) -> int | None:
-        """No server-side cluster: with one model the node's choice is that model."""
-        return None
-
-    def round_clusters(self, server_round: int) -> tuple[dict[int, int] | None, int]:
-        """One model, no recorded use."""
-        return None, 1
-
-    def round_history(self) -> RoundHistory | None:
-        """Flower's strategies keep no clusters."""
-        return None
-
-    def summary_fields(self) -> dict[str, Any]:
-        """No strategy-specific entries."""
-        return {}
-
-    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
-        """No MCFL."""
-        return None
-
-    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
-        """No client similarity."""
-        return None
-
-    def write_artifacts(self, folder: Path) -> list[Path]:
-        """No strategy-specific files."""
-        return []

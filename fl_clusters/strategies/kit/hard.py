@@ -26,31 +26,13 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
     cluster's model, and groups the replies by cluster. A node without a cluster
     (never seen, or released) receives every cluster model and trains the one with
     the lowest loss on its training split; its reply's ``cluster-id`` places it.
-
-    Parameters
-    ----------
-    fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-        See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
-    awcfl_beta : float (default: 0.0)
-        AWCFL inter-cluster weighting
-        (:class:`~fl_clusters.strategies.kit.options.awcfl.AWCFLOption`): cluster k
-        becomes ``beta/(n-1) * sum of the other clusters + (1-beta) * its own
-        mean``. 0 is plain clustered aggregation.
-    mcfl : bool (default: False)
-        MCFL (:class:`~fl_clusters.strategies.kit.options.mcfl.MCFLOption`): before round 1
-        every node uploads the mean of ``mcfl_feature_samples`` sampled training
-        inputs; a cluster's feature is the mean over its members' uploads, and at
-        evaluation a node takes the cluster model whose feature is nearest to the
-        mean of its test inputs (inputs only: no test label is read for the choice).
-    mcfl_feature_samples : int (default: 32)
-        n, the training inputs a node averages into its uploaded feature.
     """
 
     paper = "base class of CFL, ACFL, FL+HC and WeCFL; AWCFL and MCFL: Li and Yan 2023"
     params = (FRACTION_TRAIN, *INTER_CLUSTER)
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self._models: list[ArrayRecord] = []
         # Nodes placed after the clustering by the strategy's own rule (node -> cluster),
         # and every node asked to, so a silent one is not waited for every round.
@@ -129,6 +111,11 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
             self.assignments[node] = self.placed_nodes[node] = int(cluster)
             log(INFO, "round %d: node %d joined late; placed in cluster %d by the %s distance "
                 "of its update", server_round, node, int(cluster), metric)
+
+    @property
+    def round_models(self) -> list[ArrayRecord]:
+        """The models this round's nodes train: round 1's one initial model, then the K."""
+        return list(self._models)
 
     def cluster_of(self, node: int) -> int | None:
         """The node's cluster; with a single cluster every node belongs to it."""

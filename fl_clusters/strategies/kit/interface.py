@@ -5,6 +5,14 @@ through :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`, Flower's Fe
 and FedProx through :class:`~fl_clusters.strategies.kit.flower_baseline.FlowerBaseline`.
 The ServerApp, the checkpoints and the results use nothing else, so none of
 them needs to know which kind of strategy runs.
+
+What every strategy must implement is small: Flower's five methods, plus
+:meth:`ServerStrategy.adopt_identities` and :meth:`ServerStrategy.prepare`.
+Every other hook has a default that means "nothing of this kind" (no server-side
+clusters, no extra summary fields, no files). Hooks only some algorithms have are
+optional capabilities, :class:`ClusterFeatureSource` (MCFL's cluster features)
+and :class:`SimilaritySource` (a client similarity matrix): the results use them
+where a strategy implements them.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from flwr.serverapp import Grid
@@ -84,37 +92,9 @@ class ServerStrategy(Strategy):
     rejected_replies: int
     final_round: int | None = None
 
-    def evaluated_share(self, server_round: int, fraction: float) -> float:
-        """The share of nodes ``server_round`` evaluates: ``fraction``, every node in the last.
-
-        A round's evaluation samples ``fraction`` of the nodes (run-config key
-        ``fraction-evaluate``), so that its cost follows the sample, not the
-        federation; the last round's accuracy is every node's, like the final
-        report. 0 (no evaluation) stays 0.
-        """
-        return 1.0 if fraction > 0.0 and server_round == self.final_round else fraction
-
     @abstractmethod
     def adopt_identities(self, identities: NodeIdentities) -> None:
         """Take what the ServerApp's start-up handshake found, before round 1."""
-
-    @abstractmethod
-    def federation_problem(self, num_nodes: int) -> str | None:
-        """Why the strategy cannot run on ``num_nodes`` connected nodes, or ``None``.
-
-        Asked before round 1, so that such a run stops with the fix instead of
-        failing inside a round.
-        """
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """The attributes a checkpoint keeps (:mod:`fl_clusters.checkpoint`).
-
-        A resumed run builds the strategy from the run config as the run did and
-        sets these back. Values must be of the types a checkpoint keeps: numbers,
-        strings, containers of them, numpy arrays and generators, Flower's records
-        and fl-clusters' own objects.
-        """
-        return dict(vars(self))
 
     @abstractmethod
     def prepare(self, grid: Grid, timeout: float, num_rounds: int) -> None:
@@ -131,11 +111,45 @@ class ServerStrategy(Strategy):
             checkpoint count).
         """
 
-    @abstractmethod
-    def assignment_for(self, node_id: int) -> int | None:
-        """Cluster of ``node_id`` decided by the server, or ``None`` if the node decides."""
+    def evaluated_share(self, server_round: int, fraction: float) -> float:
+        """The share of nodes ``server_round`` evaluates: ``fraction``, every node in the last.
 
-    @abstractmethod
+        A round's evaluation samples ``fraction`` of the nodes (run-config key
+        ``fraction-evaluate``), so that its cost follows the sample, not the
+        federation; the last round's accuracy is every node's, like the final
+        report. 0 (no evaluation) stays 0.
+        """
+        return 1.0 if fraction > 0.0 and server_round == self.final_round else fraction
+
+    def federation_problem(self, num_nodes: int) -> str | None:
+        """Why the strategy cannot run on ``num_nodes`` connected nodes; ``None``: it can.
+
+        Asked before round 1, so that such a run stops with the fix instead of
+        failing inside a round. Any federation will do by default.
+        """
+        return None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The attributes a checkpoint keeps (:mod:`fl_clusters.checkpoint`).
+
+        A resumed run builds the strategy from the run config as the run did and
+        sets these back. Values must be of the types a checkpoint keeps: numbers,
+        strings, containers of them, numpy arrays and generators, Flower's records
+        and fl-clusters' own objects.
+        """
+        return dict(vars(self))
+
+    def assignment_for(self, node_id: int) -> int | None:
+        """Cluster of ``node_id`` decided by the server; ``None`` (default): the node decides."""
+        return None
+
+    def round_history(self) -> RoundHistory | None:
+        """Per evaluated round, each node's cluster and each cluster's accuracy.
+
+        ``None`` (the default) for a strategy that keeps no clusters.
+        """
+        return None
+
     def round_clusters(self, server_round: int) -> tuple[dict[int, int] | None, int]:
         """The clusters of ``server_round``, for its progress line.
 
@@ -143,15 +157,11 @@ class ServerStrategy(Strategy):
         -------
         tuple[dict[int, int] | None, int]
             Node id -> the cluster it used at the round's evaluation (``None``: not
-            recorded), and how many clusters are in use.
+            recorded), and how many clusters are in use (1 with none recorded).
         """
-
-    @abstractmethod
-    def round_history(self) -> RoundHistory | None:
-        """Per evaluated round, each node's cluster and each cluster's accuracy.
-
-        ``None`` for a strategy that keeps no clusters.
-        """
+        history = self.round_history()
+        used = history[0].get(server_round) if history is not None else None
+        return used, len(set(used.values())) if used else 1
 
     def cluster_assignments(self) -> list[ClusterAssignment]:
         """Each node's cluster in every evaluated round, for the app's own ServerApp.
@@ -182,35 +192,47 @@ class ServerStrategy(Strategy):
         """
         return {}
 
-    @abstractmethod
     def summary_fields(self) -> dict[str, Any]:
         """Strategy-specific entries for the run's ``summary.json`` (JSON-serializable).
 
-        What the algorithm decided (split rounds, trial counts, DBSCAN's eps...).
-        Ground truth is never available here: scores against it are computed by
-        :mod:`fl_clusters.results` from these fields.
+        What the algorithm decided (split rounds, trial counts, DBSCAN's eps...);
+        none by default. Ground truth is never available here: scores against it
+        are computed by :mod:`fl_clusters.results` from these fields.
         """
+        return {}
 
     def scoring(self) -> Scoring:
         """What of the strategy's clustering is scored against the truth; nothing by default."""
         return Scoring()
 
-    @abstractmethod
-    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
-        """MCFL's (k, D) cluster features, or ``None`` when the strategy has none."""
-
-    @abstractmethod
-    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
-        """The final pairwise similarity of the clients the strategy clustered.
-
-        The node ids of the rows with the (n, n) matrix, so that the run plots it;
-        ``None`` when the strategy computes none.
-        """
-
-    @abstractmethod
     def write_artifacts(self, folder: Path) -> list[Path]:
         """Write strategy-specific files (plots...) into a run's results folder.
 
         Called by the ServerApp after ``summary.json`` is written; returns the
-        paths written.
+        paths written (none by default).
+        """
+        return []
+
+
+@runtime_checkable
+class ClusterFeatureSource(Protocol):
+    """A strategy that keeps a feature per cluster (MCFL's mean inputs).
+
+    The results score the feature-based choice of every node against the truth
+    (:func:`fl_clusters.results.mcfl_scores`).
+    """
+
+    def mcfl_cluster_features(self, num_clusters: int) -> np.ndarray | None:
+        """The (k, D) cluster features, or ``None`` when there are none in this run."""
+
+
+@runtime_checkable
+class SimilaritySource(Protocol):
+    """A strategy that compares its clients pairwise (ACFL's cosine of updates...)."""
+
+    def similarity_matrix(self) -> tuple[list[int], np.ndarray] | None:
+        """The final pairwise similarity of the clients the strategy clustered.
+
+        The node ids of the rows with the (n, n) matrix, so that the run plots it;
+        ``None`` when none was computed.
         """

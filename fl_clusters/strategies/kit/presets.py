@@ -1,7 +1,7 @@
 """Presets: the library's defaults (``robust``) or the algorithm as published (``paper``).
 
 A strategy class is :class:`Declared`: it lists its constructor arguments
-(``params``, :class:`~fl_clusters.strategies.kit.params.Param`) and its rules that
+(``params``, :class:`~fl_clusters.params.Param`) and its rules that
 depart from the paper (``behaviours``,
 :class:`~fl_clusters.strategies.kit.behaviours.Behaviour`). Under ``preset="paper"``
 every argument the caller did not name takes its declaration's paper value and
@@ -18,9 +18,11 @@ from typing import Any, ClassVar, Self
 
 from flwr.common.logger import log
 
+from fl_clusters.params import NOT_GIVEN, SAME, Param, check_params, check_signature
 from fl_clusters.strategies.kit.behaviours import Behaviour, behaviour_switches
-from fl_clusters.strategies.kit.params import NOT_GIVEN, SAME, Param, check_params, check_signature
+from fl_clusters.strategies.kit.client_queries import ClientQuery, check_client_queries
 from fl_clusters.strategies.kit.recipes import RecipeValue, check_recipe
+from fl_clusters.strategies.kit.signatures import call_signature, documented
 
 PRESETS = ("robust", "paper")
 
@@ -29,8 +31,12 @@ class Declared:
     """A class whose constructor arguments are declared (``params``), registered by ``name``.
 
     A subclass's own ``params`` get their run-config keys (prefixed by its
-    ``name``) and are checked against its ``__init__`` signature when the class
-    is defined; a subclass with a ``name`` of its own enters ``registry``.
+    ``name``) when the class is defined, and its call signature and docstring's
+    Parameters section are written from them (:mod:`~fl_clusters.strategies.kit.signatures`):
+    its ``__init__`` takes ``**arguments`` and passes them on, and the base sets
+    each declared argument as an attribute (:meth:`init_params`). An ``__init__``
+    that spells an argument must give it its declared default. A subclass with a
+    ``name`` of its own enters ``registry``.
     """
 
     # The run config's `strategy` value that builds it (None: not buildable so).
@@ -50,11 +56,16 @@ class Declared:
     # gives, each with its source; fl-clusters' ServerApp applies them under
     # preset="paper" (paper_recipe).
     recipe: ClassVar[tuple[RecipeValue, ...]] = ()
+    # The queries its rounds send the nodes, by name, each with the function that
+    # answers it on a node (fl_clusters.strategies.kit.client_queries); a subclass
+    # answers its bases' too.
+    client_queries: ClassVar[Mapping[str, ClientQuery]] = {}
     # What preset="paper" computes under the class's own declarations, counted: 1
     # at first, one more with every change to it (a paper value, a switched rule),
     # so that a sweep run recorded before the change is stale
-    # (fl_clusters.sweep.cells.Cell.changed_settings); tests/test_presets.py holds
-    # each class's digest of those declarations and fails when they change alone.
+    # (fl_clusters.sweep.cells.Cell.changed_settings); docs/paper-digests.json
+    # records each class's digest of those declarations, and tests/test_presets.py
+    # fails when they change alone (fl_clusters.strategies.kit.paper_digests).
     # Read from the class itself, never inherited (paper_revision_for).
     paper_revision: ClassVar[int] = 1
     # The same count for what the robust preset computes: one more with every change
@@ -77,6 +88,9 @@ class Declared:
         if "params" in vars(cls):
             check_signature(cls, cls.params)
             cls.params = tuple(param.with_prefix(own_name) for param in cls.params)
+            cls.__doc__ = documented(cls, cls.params, cls.declared_params())
+        cls.__signature__ = call_signature(cls, cls.declared_params())
+        check_client_queries(cls, cls.registry.values())
         if own_name:
             taken = cls.registry.get(own_name)
             if taken is not None and taken.__qualname__ != cls.__qualname__:
@@ -140,8 +154,8 @@ class Declared:
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         """Record the arguments the caller named (``user_arguments``): a preset keeps them.
 
-        Only here are they known: each ``__init__`` passes every argument on to
-        its base's, defaults included.
+        Only here are they told from the defaults: a class whose ``__init__``
+        spells its arguments passes every one on to its base's, defaults included.
         """
         instance = super().__new__(cls)
         positional = [arg.name for arg in inspect.signature(cls.__init__).parameters.values()

@@ -69,7 +69,8 @@ def load_plugin(entry: EntryPoint) -> type[ClusteredStrategy]:
                           "fix or uninstall the package that declares it") from error
     if not (isinstance(cls, type) and issubclass(cls, ClusteredStrategy)):
         raise PluginError(f"{where} is {cls!r}, not a subclass of "
-                          "fl_clusters.strategies.kit.ClusteredStrategy")
+                          "fl_clusters.strategies.kit.ClusteredStrategy; point it at a strategy "
+                          "class (module:Class) or uninstall the package that declares it")
     if getattr(cls, "name", None) != entry.name:
         raise PluginError(f"{where}: the class's name is {getattr(cls, 'name', None)!r}; the "
                           "entry point's name must be the class's `name` attribute")

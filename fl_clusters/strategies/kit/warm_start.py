@@ -194,8 +194,8 @@ class CentresFromStart(ClusteredStrategy):
     init: str
     init_steps: int
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.warm_start_groups: dict[int, int] = {}
         self._warm_start_round: int | None = None
         self._warm_start_model = ArrayRecord()

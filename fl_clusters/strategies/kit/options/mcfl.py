@@ -136,8 +136,8 @@ class MCFLOption(ClusteredStrategy):
                     "EMNIST)"),
     )
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
+    def __init__(self, **arguments: Any) -> None:
+        super().__init__(**arguments)
         self.node_features: dict[int, np.ndarray] = {}
         self._features_asked: set[int] = set()
 

@@ -2,9 +2,8 @@
 
 fl-clusters' own ServerApp logic (:func:`~fl_clusters.server_app.run_federation`)
 and ClientApp run one tiny job with no Ray and no SuperLink: what the
-conformance checks (tests/test_conformance.py) and the worked example of
-docs/adding-a-strategy.md run on. Grids that lose a node, let one join late and
-corrupt replies are here too.
+conformance checks (:mod:`fl_clusters.testing.checks`) run on. A grid that loses
+a node, lets one join late and corrupts replies is here too (:class:`ChurnGrid`).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from flwr.app import Error, Message, MetricRecord
 from flwr.common.constant import ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
@@ -32,24 +30,34 @@ NUM_CLIENTS = 6
 # a few milliseconds of training, and the groups are easy to tell apart. ACFL's
 # phase 1 ends after round 1, so its clustering runs within the 3 rounds (and the
 # 2 of a stopped run).
-TINY_JOB = {
+TINY_JOB: dict[str, Any] = {
     "dataset": "digits", "cluster-structure": "label-permutation", "num-clusters": 2,
     "num-rounds": 3, "local-steps": 2, "plots": False, "seed": 1, "acfl-phase1-rounds": 1,
 }
+# The attributes of Flower's TaskIdentity that a ServerApp process has set.
+_IDENTITY = ("_run_id", "_node_id", "_task_id")
 
 
 @contextmanager
 def in_process_server() -> Iterator[None]:
     """The run identity Flower gives a ServerApp process, and no wait for more nodes.
 
-    A LoopbackGrid's nodes are all there at once, so the ServerApp's wait for
-    late arrivals (``NODE_QUIET_S``) would only add a second to every run.
+    Flower's ``Message()`` reads the process's run identity, which only Flower's
+    app processes set. A LoopbackGrid's nodes are all there at once, so the
+    ServerApp's wait for late arrivals (``NODE_QUIET_S``) would only add a second
+    to every run. Both are put back as they were on leaving.
     """
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("_run_id", "_node_id", "_task_id"):
-            patch.setattr(TaskIdentity, name, 1)
-        patch.setattr(server_app, "NODE_QUIET_S", 0.0)
+    identity = {name: getattr(TaskIdentity, name) for name in _IDENTITY}
+    quiet = server_app.NODE_QUIET_S
+    try:
+        for name in _IDENTITY:
+            setattr(TaskIdentity, name, 1)
+        server_app.NODE_QUIET_S = 0.0
         yield
+    finally:
+        for name, value in identity.items():
+            setattr(TaskIdentity, name, value)
+        server_app.NODE_QUIET_S = quiet
 
 
 def loopback_run(
@@ -62,6 +70,17 @@ def loopback_run(
 
     The returned dict also holds ``_folder``, the run's results folder. Call it
     inside :func:`in_process_server`.
+
+    Parameters
+    ----------
+    overrides : Mapping[str, Any]
+        Run-config keys that replace or add to :data:`TINY_JOB`'s (``strategy``...).
+    results : Path
+        The folder the run writes its results folder into.
+    grid_class : type[LoopbackGrid] (default: LoopbackGrid)
+        The grid the nodes run on (:class:`ChurnGrid`: nodes that come and go).
+    num_clients : int (default: NUM_CLIENTS)
+        Nodes of the federation; ``min-nodes`` too unless ``overrides`` sets it.
     """
     settings = parse_run_config({**TINY_JOB, "min-nodes": num_clients,
                                  "results-dir": str(results), **overrides})
@@ -85,7 +104,8 @@ class ChurnGrid(LoopbackGrid):
     message with Flower's node-unavailable error; ``LATE`` is not listed until a
     message of round 1 is sent. The replies to the first ``CORRUPTED`` train
     messages from round 2 on carry a NaN model (the first) or no example count
-    (the others).
+    (the others). Run it with ``min-nodes`` one below the nodes it has: the late
+    node is not there at the start.
     """
 
     LOST = 1000

@@ -1,7 +1,9 @@
 """Parameters declared once: constraint, run-config key and help.
 
 One declaration (:class:`Param`) serves a strategy's constructor argument and a
-run-config key alike. A strategy class lists its constructor arguments as
+run-config key alike; the clustering estimators check their arguments with the
+same declarations (:data:`fl_clusters.clustering.hierarchical.HIERARCHY_PARAMS`),
+so every refusal reads the same. A strategy class lists its constructor arguments as
 declarations (``params``, see :class:`~fl_clusters.strategies.kit.presets.Declared`);
 the base class checks every argument against them in one call
 (:func:`check_params`). fl-clusters' run config (fl_clusters/config.py) is the
@@ -228,6 +230,11 @@ class Param:
     source : str
         Where the paper's value (or its silence) is: the seed file and section, or
         the paper; required with ``paper``.
+    doc : str
+        What the argument does, for the declaring class's docstring (its
+        ``Parameters`` section is written from the declarations,
+        :mod:`fl_clusters.strategies.kit.signatures`) and docs/strategies.md;
+        ``help`` where empty.
     """
 
     name: str
@@ -246,6 +253,7 @@ class Param:
     paper: Any = SAME
     why: str = ""
     source: str = ""
+    doc: str = ""
 
     def __post_init__(self) -> None:
         if self.paper is SAME:
