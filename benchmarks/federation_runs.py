@@ -226,14 +226,8 @@ def federation_flwr_run(config: dict[str, Any], clients: int) -> dict[str, Any]:
     """Run one job with ``flwr run . --stream`` as ``make run`` does; stop its SuperLink.
 
     Instead of stopping a SuperLink found before the run (``make run``), this waits
-    for it to end: on a shared machine it may belong to another job's run.
-
-    Parameters
-    ----------
-    config : dict[str, Any]
-        Run-config overrides (:func:`run_config`).
-    clients : int
-        ``num-supernodes``.
+    for it to end: on a shared machine it may belong to another job's run. The
+    arguments are :func:`flwr_run_command`'s.
     """
     command, env = flwr_run_command(config, clients)
     _wait_for_no_superlink()

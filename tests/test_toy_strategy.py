@@ -28,41 +28,28 @@ def toy_strategy(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[HardClustered
     monkeypatch.setattr(ClusteredStrategy, "registry", dict(ClusteredStrategy.registry))
 
     class Toy(HardClusteredStrategy):
-        """Round 1 deals the nodes round-robin into ``clusters`` clusters; FedAvg in each.
-
-        Parameters
-        ----------
-        clusters : int (default: 2)
-            Clusters the nodes are dealt into, >= 1.
-        fraction_train, fraction_evaluate, min_available_nodes, max_failed_rounds, seed
-            See :class:`~fl_clusters.strategies.kit.base.ClusteredStrategy`.
-        """
+        """Round 1 deals the nodes round-robin into ``clusters`` clusters; FedAvg in each."""
 
         name = "toy"
         paper = "a test's toy"
         params = (Param("clusters", 2, "int", "toy: clusters the nodes are dealt into", low=1),)
-
-        def __init__(self, *, clusters: int = 2, **kwargs: Any) -> None:
-            super().__init__(clusters=clusters, **kwargs)
 
         def configure_train(
             self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
         ) -> Iterable[Message]:
             return self.assigned_train_messages(server_round, arrays, config, grid)
 
-        def aggregate_train(
-            self, server_round: int, replies: Iterable[Message]
+        def aggregate_members(
+            self, server_round: int, members: dict[int, list[Message]]
         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-            members = self.replies_by_cluster(replies)
-            if not members:
-                return None, None
-            if len(self._models) == 1:  # round 1: one model; deal its trainers out
+            models = self.round_models
+            if len(models) == 1:  # round 1: one model; deal its trainers out
                 trained = sorted(members[0], key=lambda m: m.metadata.src_node_id)
                 members = {}
                 for i, msg in enumerate(trained):
                     members.setdefault(i % self.clusters, []).append(msg)
-                return self.aggregate_clusters([self._models[0]] * self.clusters, members)
-            return self.aggregate_clusters(self._models, members)
+                models = models * self.clusters
+            return self.aggregate_clusters(models, members)
 
     yield Toy
 

@@ -21,12 +21,16 @@ from fl_clusters.clustering import (
     update_norms,
 )
 from fl_clusters.errors import ConfigurationError
-from fl_clusters.params import NOT_GIVEN, Param
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import average_replies, reply_updates
-from fl_clusters.strategies.kit.trials import TrialFederations
+from fl_clusters.strategies.kit import (
+    NOT_GIVEN,
+    Behaviour,
+    HardClusteredStrategy,
+    Param,
+    RecipeValue,
+    TrialFederations,
+    average_replies,
+    reply_updates,
+)
 
 # The paper's text, as the sources below cite it (docs/paper-fidelity.md).
 SEED_TEXT = "Zhu et al. 2024 (seed 003)"

@@ -20,10 +20,12 @@ from fl_clusters.clustering import (
     update_coherence,
     update_norms,
 )
-from fl_clusters.params import Param
-from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import reply_updates
+from fl_clusters.strategies.kit import (
+    HardClusteredStrategy,
+    Param,
+    RecipeValue,
+    reply_updates,
+)
 
 
 def _below(value: float, bound: float) -> str:

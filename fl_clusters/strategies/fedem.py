@@ -13,18 +13,21 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.drawing import random_like
-from fl_clusters.params import NOT_GIVEN, Param
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import (
+from fl_clusters.strategies.kit import (
+    FRACTION_TRAIN,
+    NOT_GIVEN,
+    Behaviour,
+    CentresFromStart,
+    KMeansStart,
+    Param,
+    RecipeValue,
+    Scoring,
     average_packed_clusters,
     average_replies,
+    num_clusters_param,
     num_examples,
     train_losses,
 )
-from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, num_clusters_param
-from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
 
 
 class FedEM(CentresFromStart):
@@ -144,7 +147,6 @@ class FedEM(CentresFromStart):
     def __init__(self, **arguments: Any) -> None:
         super().__init__(**arguments)
         self.mixture_weights: dict[int, np.ndarray] = {}
-        self._current = ArrayRecord()
 
     def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:
         """Pack ``model`` (the user's ``initial_arrays``) and M - 1 independent draws at its scale.
@@ -171,17 +173,12 @@ class FedEM(CentresFromStart):
         return self.broadcast(self.sampled(grid, fraction), record, message_type)
 
     # ----------------------------------------------------------------- training
-    def configure_train(
+    def configure_centres(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send all M components to the sampled nodes (the initial model in a warm start)."""
-        if self.fraction_train == 0.0:
-            return []
-        if self.warm_start_due(arrays):
-            return self.configure_warm_start(server_round, arrays, config, grid)
-        self._current = self.initial_centres(arrays)
-        messages = self._messages(server_round, self._current, config, self.fraction_train,
-                                  grid, MessageType.TRAIN)
+        """Send all M components to the sampled nodes."""
+        messages = self._messages(server_round, arrays, config, self.fraction_train, grid,
+                                  MessageType.TRAIN)
         log(INFO, "configure_train: %d nodes train all %d components", len(messages),
             self.num_clusters)
         return messages
@@ -202,13 +199,11 @@ class FedEM(CentresFromStart):
             )
         return None
 
-    def aggregate_train(
+    def aggregate_centres(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Component m <- mean of the nodes' component m, weighted by their examples
         (times their pi_m under ``full_step_m_step``)."""
-        if self.in_warm_start(server_round):
-            return self.aggregate_warm_start(server_round, replies)
         valid = []
         for msg in self.check_replies(replies, self._current, "aggregate_train", trains=True):
             problem = self._mixture_problem(msg)

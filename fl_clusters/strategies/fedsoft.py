@@ -16,14 +16,19 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_clusters import protocol as p
 from fl_clusters.clustering import weighted_average
 from fl_clusters.drawing import random_like
-from fl_clusters.params import Param
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.importance import ImportanceWeights
-from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import num_examples, reply_layers, train_losses
-from fl_clusters.strategies.kit.shared_params import num_clusters_param
-from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
+from fl_clusters.strategies.kit import (
+    Behaviour,
+    CentresFromStart,
+    ImportanceWeights,
+    KMeansStart,
+    Param,
+    RecipeValue,
+    Scoring,
+    num_clusters_param,
+    num_examples,
+    reply_layers,
+    train_losses,
+)
 from fl_clusters.strategies.local import LOCAL_MODELS_HELD_OUT
 
 
@@ -208,7 +213,6 @@ class FedSoft(CentresFromStart, ImportanceWeights):
         self.estimate_rounds: list[int] = []
         self.selections: dict[int, list[list[int]]] = {}
         self.train_tasks: dict[int, dict[int, int]] = {}
-        self._current = ArrayRecord()
         self._node_start: ArrayRecord | None = None
         # Nodes that returned a trained model: they keep it in context.state, so
         # their train messages carry no start model (an error reply resets this).
@@ -229,13 +233,15 @@ class FedSoft(CentresFromStart, ImportanceWeights):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Estimate u when due, draw K nodes per cluster, send one task per drawn node."""
+        """Keep the plain initial model (a node's own start), then the base's round."""
         if not p.is_packed(arrays):
             self._node_start = arrays
-        if self.warm_start_due(arrays):
-            return self.configure_warm_start(server_round, arrays, config, grid)
-        arrays = self.initial_centres(arrays)
-        self._current = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def configure_centres(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Estimate u when due, draw K nodes per cluster, send one task per drawn node."""
         if (server_round - 1) % self.tau == 0 or not self.importance:
             self.estimate_importance(server_round, arrays, grid)
         else:
@@ -269,12 +275,10 @@ class FedSoft(CentresFromStart, ImportanceWeights):
             [len(picks) for picks in drawn], len(messages))
         return messages
 
-    def aggregate_train(
+    def aggregate_centres(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Cluster s <- plain mean of the models returned by the nodes drawn for s."""
-        if self.in_warm_start(server_round):
-            return self.aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         replies = list(replies)
         # A node that failed may have lost its state (a restart): send it a start again.

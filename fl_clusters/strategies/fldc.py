@@ -16,12 +16,15 @@ from flwr.serverapp.strategy.strategy_utils import sample_nodes
 from fl_clusters import protocol as p
 from fl_clusters.clustering import DensityClustering, flatten_models, stratified_sample
 from fl_clusters.clustering.density import EPS_METHODS
-from fl_clusters.params import Param
-from fl_clusters.strategies.kit.base import ClusteredStrategy
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.interface import Scoring
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import average_replies, reply_layers
+from fl_clusters.strategies.kit import (
+    Behaviour,
+    ClusteredStrategy,
+    Param,
+    RecipeValue,
+    Scoring,
+    average_replies,
+    reply_layers,
+)
 
 K_DISTANCE_PLOT = "k_distance.png"
 # The paper, as the sources below cite it (docs/paper-fidelity.md).

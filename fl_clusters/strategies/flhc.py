@@ -12,9 +12,11 @@ from flwr.serverapp import Grid
 
 from fl_clusters.clustering import UpdateHierarchy
 from fl_clusters.clustering.hierarchical import DISTANCES, LINKAGES, THRESHOLDS
-from fl_clusters.params import Param
-from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.replies import reply_updates
+from fl_clusters.strategies.kit import (
+    HardClusteredStrategy,
+    Param,
+    reply_updates,
+)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -20,23 +20,22 @@ from fl_clusters.clustering import (
     widest_group,
 )
 from fl_clusters.drawing import draw_clusters
-from fl_clusters.params import Param
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
-from fl_clusters.strategies.kit.options.mcfl import MCFLOption
-from fl_clusters.strategies.kit.recipes import RecipeValue
-from fl_clusters.strategies.kit.replies import (
+from fl_clusters.strategies.kit import (
+    FRACTION_TRAIN,
+    INTER_CLUSTER,
+    AWCFLOption,
+    Behaviour,
+    CentresFromStart,
+    KMeansStart,
+    MCFLOption,
+    Param,
+    RecipeValue,
+    num_clusters_param,
     num_examples,
     reply_layers,
     reply_updates,
     train_losses,
 )
-from fl_clusters.strategies.kit.shared_params import (
-    FRACTION_TRAIN,
-    INTER_CLUSTER,
-    num_clusters_param,
-)
-from fl_clusters.strategies.kit.warm_start import CentresFromStart, KMeansStart
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
 SOURCE = "Ghosh et al. 2020 (seed 001)"
@@ -156,7 +155,6 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         super().__init__(**arguments)
         self.reseeds: list[tuple[int, int, int]] = []
         self._idle_rounds = np.zeros(self.num_clusters, dtype=np.int64)
-        self._current = ArrayRecord()
 
     def assignment_for(self, node_id: int) -> int | None:
         """IFCA clients choose their cluster themselves, by loss, every time."""
@@ -235,16 +233,10 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         )
 
     # ----------------------------------------------------------------- training
-    def configure_train(
+    def configure_centres(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Send all k cluster models to the sampled nodes (the initial model in a warm start)."""
-        if self.fraction_train == 0.0:
-            return []
-        if self.warm_start_due(arrays):
-            return self.configure_warm_start(server_round, arrays, config, grid)
-        arrays = self.initial_centres(arrays, grid)
-        self._current = arrays
+        """Send all k cluster models to the sampled nodes."""
         node_config = self.round_config(config, server_round)
         if self.mode == "gradient":
             node_config[p.CFG_RETURN] = "gradient"
@@ -253,12 +245,10 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         log(INFO, "configure_train: %d nodes get %d cluster models", len(nodes), self.num_clusters)
         return self.broadcast(nodes, record, MessageType.TRAIN)
 
-    def aggregate_train(
+    def aggregate_centres(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average the returned models (or apply the gradients) per chosen cluster."""
-        if self.in_warm_start(server_round):
-            return self.aggregate_warm_start(server_round, replies)
         models = p.unpack_clusters(self._current)
         valid = self._chosen_clusters(replies, models[0])
         if not valid:

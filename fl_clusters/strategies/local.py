@@ -10,10 +10,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
-from fl_clusters.params import NOT_GIVEN
-from fl_clusters.strategies.kit.base import ClusteredStrategy
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN
+from fl_clusters.strategies.kit import (
+    FRACTION_TRAIN,
+    NOT_GIVEN,
+    Behaviour,
+    ClusteredStrategy,
+)
 
 # How a node's own model is scored, wherever one is kept (local-only training,
 # FedSoft's personalized models).

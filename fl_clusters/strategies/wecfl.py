@@ -15,11 +15,16 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import flatten_models, initial_kmeans
 from fl_clusters.clustering.anchored_kmeans import UNCLUSTERED, anchored_kmeans
 from fl_clusters.clustering.kmeans_models import recluster_kmeans
-from fl_clusters.params import NOT_GIVEN, REQUIRED, Param
-from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.hard import HardClusteredStrategy
-from fl_clusters.strategies.kit.replies import num_examples, reply_layers
-from fl_clusters.strategies.kit.shared_params import num_clusters_param
+from fl_clusters.strategies.kit import (
+    NOT_GIVEN,
+    REQUIRED,
+    Behaviour,
+    HardClusteredStrategy,
+    Param,
+    num_clusters_param,
+    num_examples,
+    reply_layers,
+)
 
 
 class WeCFL(HardClusteredStrategy):

@@ -15,8 +15,12 @@ complete one)::
   :class:`ClusterFeatureSource` and :class:`SimilaritySource`;
 - declarations: :class:`Param`, :data:`REQUIRED`, :data:`NOT_GIVEN` (a value
   the paper does not give), :func:`num_clusters_param` (the shared run-config
-  key ``num-clusters``), :data:`FRACTION_TRAIN`, :data:`INTER_CLUSTER`, and
-  :class:`Behaviour` (a rule that departs from the paper's);
+  key ``num-clusters``), :data:`FRACTION_TRAIN`, :data:`INTER_CLUSTER`,
+  :class:`Behaviour` (a rule that departs from the paper's) and
+  :class:`RecipeValue` (the paper's training recipe);
+- options a strategy composes in: :class:`AWCFLOption` and :class:`MCFLOption`
+  (Li and Yan's AWCFL and MCFL), ACFL's :class:`TrialFederations` and FedSoft's
+  :class:`ImportanceWeights`;
 - cluster models: ``initial_arrays`` reaches round 1 as one model;
   :func:`pack_clusters` / :func:`unpack_clusters` move between that record and
   k models, :func:`draw_clusters` and :func:`random_like` make k random centres
@@ -28,7 +32,8 @@ complete one)::
   :class:`KMeansStart` groups into centres), with :func:`group_local_models`
   and :func:`kmeans_start_problem` for the k-means step itself;
 - reading replies: :func:`reply_layers`, :func:`reply_updates`,
-  :func:`average_replies`, :func:`num_examples`, :func:`train_losses`,
+  :func:`average_replies`, :func:`average_packed_clusters`, :func:`num_examples`,
+  :func:`train_losses`,
   :func:`reply_metrics` (checked with :class:`MetricField`s), and the math on
   them (:func:`flatten_models`, :func:`nearest_feature`);
 - a strategy's own queries to the nodes (its ``client_queries``, each a
@@ -65,13 +70,18 @@ from fl_clusters.strategies.kit.client_queries import (
     reply_metrics,
 )
 from fl_clusters.strategies.kit.hard import HardClusteredStrategy
+from fl_clusters.strategies.kit.importance import ImportanceWeights
 from fl_clusters.strategies.kit.interface import (
     ClusterFeatureSource,
     Scoring,
     ServerStrategy,
     SimilaritySource,
 )
+from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
+from fl_clusters.strategies.kit.options.mcfl import MCFLOption
+from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import (
+    average_packed_clusters,
     average_replies,
     num_examples,
     reply_layers,
@@ -83,6 +93,7 @@ from fl_clusters.strategies.kit.shared_params import (
     INTER_CLUSTER,
     num_clusters_param,
 )
+from fl_clusters.strategies.kit.trials import TrialFederations
 from fl_clusters.strategies.kit.warm_start import (
     CentresFromStart,
     KMeansStart,
@@ -95,18 +106,24 @@ __all__ = [
     "INTER_CLUSTER",
     "NOT_GIVEN",
     "REQUIRED",
+    "AWCFLOption",
     "Behaviour",
     "CentresFromStart",
     "ClientQuery",
     "ClusterFeatureSource",
     "ClusteredStrategy",
     "HardClusteredStrategy",
+    "ImportanceWeights",
     "KMeansStart",
+    "MCFLOption",
     "MetricField",
     "Param",
+    "RecipeValue",
     "Scoring",
     "ServerStrategy",
     "SimilaritySource",
+    "TrialFederations",
+    "average_packed_clusters",
     "average_replies",
     "draw_clusters",
     "flatten_models",

@@ -27,6 +27,7 @@ errors instead of going on.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -176,10 +177,12 @@ class CentresFromStart(ClusteredStrategy):
 
     See the module's docstring. A subclass declares an ``init`` parameter
     (``"local-kmeans"`` or its random start) and implements
-    :meth:`initialize` and :meth:`centres_from_groups`; its ``configure_train``
-    starts with :meth:`warm_start_due` / :meth:`configure_warm_start` (or
-    :meth:`initial_centres`), and its ``aggregate_train`` with
-    :meth:`in_warm_start` / :meth:`aggregate_warm_start`.
+    :meth:`initialize` and :meth:`centres_from_groups`, and its rounds as
+    :meth:`configure_centres` and :meth:`aggregate_centres`: ``configure_train``
+    runs the warm start when it is due and otherwise hands the round's k centres
+    (:meth:`initial_centres`, kept for its aggregation) to ``configure_centres``;
+    ``aggregate_train`` ends the warm start in its round and otherwise calls
+    ``aggregate_centres``.
 
     Attributes
     ----------
@@ -200,6 +203,38 @@ class CentresFromStart(ClusteredStrategy):
         self._warm_start_round: int | None = None
         self._warm_start_model = ArrayRecord()
         self._warm_start_steps: int | None = None  # the local-steps asked (None: epochs)
+        # The packed k centres the round's nodes train from (what they aggregate onto).
+        self._current = ArrayRecord()
+
+    # ------------------------------------------------------------ rounds
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The warm start when due; else the round's k centres to :meth:`configure_centres`."""
+        if self.warm_start_due(arrays):
+            return self.configure_warm_start(server_round, arrays, config, grid)
+        self._current = self.initial_centres(arrays, grid)
+        return self.configure_centres(server_round, self._current, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The warm start's centres in its round; else :meth:`aggregate_centres`."""
+        if self.in_warm_start(server_round):
+            return self.aggregate_warm_start(server_round, replies)
+        return self.aggregate_centres(server_round, replies)
+
+    @abstractmethod
+    def configure_centres(
+        self, server_round: int, centres: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """The round's train messages, from its packed k ``centres``."""
+
+    @abstractmethod
+    def aggregate_centres(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The new packed centres from the round's replies (the centres sent: ``_current``)."""
 
     # ------------------------------------------------------------ hooks
     def initialize(self, model: ArrayRecord, grid: Grid | None = None) -> ArrayRecord:

@@ -16,6 +16,12 @@ from fl_clusters.strategies.kit.recipes import RecipeValue
 
 # The paper, as the sources below cite it (docs/paper-fidelity.md).
 SOURCE = "Li and Yan 2023 (seed 000)"
+# Seed 000 gives a batch size and nothing else of its training; a strategy's own
+# paper decides where it gives one (Declared.paper_recipe). AWCFL and MCFL share it.
+SEED_000_RECIPE = (
+    RecipeValue("batch-size", 30, f"{SOURCE}, section 4.1: batch size 30 (MNIST; 64 on "
+                "EMNIST)"),
+)
 
 
 def mix_clusters(
@@ -78,12 +84,7 @@ class AWCFLOption(ClusteredStrategy):
             "one with many",
             source=f"{SOURCE}, section 3.1, Algorithm 1 step 3.3.1"),
     )
-    # Seed 000 gives a batch size and nothing else of its training; a strategy's own
-    # paper decides where it gives one (Declared.paper_recipe).
-    recipe = (
-        RecipeValue("batch-size", 30, f"{SOURCE}, section 4.1: batch size 30 (MNIST; 64 on "
-                    "EMNIST)"),
-    )
+    recipe = SEED_000_RECIPE
 
     def own_term_weighted(self) -> bool:
         """Whether a cluster's own mean weighs its members by examples (see ``behaviours``).

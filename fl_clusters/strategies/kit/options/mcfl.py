@@ -21,8 +21,7 @@ from fl_clusters import protocol as p
 from fl_clusters.clustering import cluster_feature_means
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.behaviours import Behaviour
-from fl_clusters.strategies.kit.options.awcfl import SOURCE
-from fl_clusters.strategies.kit.recipes import RecipeValue
+from fl_clusters.strategies.kit.options.awcfl import SEED_000_RECIPE, SOURCE
 
 
 def feature_queries(nodes: Iterable[int], num_samples: int) -> dict[int, RecordDict]:
@@ -130,11 +129,7 @@ class MCFLOption(ClusteredStrategy):
             "client's data look like; the choice reads no label either way",
             source=f"{SOURCE}, section 3.2: the test set's mean mu over n sampled inputs"),
     )
-    # Seed 000's batch size, as for AWCFL (awcfl.py).
-    recipe = (
-        RecipeValue("batch-size", 30, f"{SOURCE}, section 4.1: batch size 30 (MNIST; 64 on "
-                    "EMNIST)"),
-    )
+    recipe = SEED_000_RECIPE
 
     def __init__(self, **arguments: Any) -> None:
         super().__init__(**arguments)
