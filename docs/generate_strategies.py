@@ -41,13 +41,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import fl_clusters.strategies
 from docs.fidelity_page import FIDELITY_HEAD, fidelity_section, options_recipe
 from fl_clusters.config import key_groups
 from fl_clusters.params import REQUIRED, Param
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.paper_digests import record_paper_digests
-from fl_clusters.strategies.kit.registry import BASELINES, own_strategies
+from fl_clusters.strategies.kit.registry import BASELINES, class_path, own_strategies
 from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,12 +133,6 @@ def _check_default(cls: type, param: Param | None, name: str, kind: str) -> None
         )
 
 
-def _class_path(cls: type) -> str:
-    """Where a user imports the class from: the package when it exports it."""
-    exported = getattr(fl_clusters.strategies, cls.__name__, None) is cls
-    return f"{'fl_clusters.strategies' if exported else cls.__module__}.{cls.__name__}"
-
-
 def section(cls: type, name: str | None, paper: str) -> str:
     """The markdown section of one strategy class."""
     doc = inspect.getdoc(cls) or ""
@@ -147,7 +140,7 @@ def section(cls: type, name: str | None, paper: str) -> str:
     if not rest:
         raise ValueError(f"{cls.__name__}'s docstring has no Parameters section")
     title = f"## {cls.__name__}" + (f" (`{name}`)" if name else " (shared options)")
-    signature = f"{_class_path(cls)}{inspect.signature(cls, eval_str=True)}"
+    signature = f"{class_path(cls)}{inspect.signature(cls, eval_str=True)}"
     out = [title, "", f"{paper}. Run-config keys: {_keys_text(cls)}.", "", "```python",
            signature, "```", "", intro.strip(), ""]
     declared = {param.name: param for param in (*cls.declared_params(), FRACTION_TRAIN,
@@ -167,7 +160,7 @@ def section(cls: type, name: str | None, paper: str) -> str:
 def table() -> str:
     """One row per registered strategy, then Flower's baselines."""
     rows = ["| strategy (`strategy=`) | class | paper |", "|---|---|---|"]
-    rows += [f"| `{cls.name}` | `{_class_path(cls)}` | {cls.paper} |" for cls in strategies()]
+    rows += [f"| `{cls.name}` | `{class_path(cls)}` | {cls.paper} |" for cls in strategies()]
     rows.append("| `fedavg`, `fedprox` | Flower's own `FedAvg`, `FedProx` (`proximal-mu`) "
                 "| baselines |")
     return "\n".join(rows) + "\n"
@@ -302,7 +295,7 @@ def _group_title(owner: type | None) -> str:
     if owner is None:
         return "# The data, the clients and the run (fl_clusters/config.py)"
     if owner.name:
-        return f"# strategy = \"{owner.name}\" ({_class_path(owner)})"
+        return f"# strategy = \"{owner.name}\" ({class_path(owner)})"
     return f"# Options of every strategy built on {owner.__name__}"
 
 

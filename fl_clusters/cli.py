@@ -20,13 +20,13 @@ from dataclasses import astuple, dataclass
 from importlib.metadata import entry_points
 from typing import TextIO
 
-import fl_clusters.strategies
 from fl_clusters.config import key_groups
 from fl_clusters.strategies.kit import ClusteredStrategy
 from fl_clusters.strategies.kit.registry import (
     BASELINES,
     ENTRY_POINT_GROUP,
     broken_plugins,
+    class_path,
     own_strategies,
     strategy_classes,
     unknown_strategy_message,
@@ -54,12 +54,6 @@ class StrategyRow:
     paper: str
 
 
-def _class_path(cls: type) -> str:
-    """Where a user imports ``cls`` from: ``fl_clusters.strategies`` when it exports it."""
-    exported = getattr(fl_clusters.strategies, cls.__name__, None) is cls
-    return f"{'fl_clusters.strategies' if exported else cls.__module__}.{cls.__qualname__}"
-
-
 def _plugin_packages() -> dict[str, str]:
     """The distribution that declares each entry point of the group, by entry-point name."""
     return {entry.name: entry.dist.name if entry.dist is not None else entry.module
@@ -73,9 +67,9 @@ def strategy_rows() -> list[StrategyRow]:
     in the module that builds a ServerApp) is listed with its module's package.
     """
     own, packages = own_strategies(), _plugin_packages()
-    rows = [StrategyRow(name, _class_path(cls), OWN_PACKAGE, cls.paper)
+    rows = [StrategyRow(name, class_path(cls), OWN_PACKAGE, cls.paper)
             for name, cls in own.items()]
-    rows += [StrategyRow(name, _class_path(cls),
+    rows += [StrategyRow(name, class_path(cls),
                          packages.get(name, cls.__module__.split(".")[0]), cls.paper)
              for name, cls in strategy_classes().items() if name not in own]
     rows += [StrategyRow(name, f"{FLOWER_STRATEGIES}.{flower.__name__}", "flwr",
@@ -117,7 +111,7 @@ def key_lines(name: str) -> list[str]:
         if param.run_config and param.key not in declared:
             declared[str(param.key)] = _toml(param.config_default)
     new = {key: default for key, default in declared.items() if key not in in_table}
-    title = f"# strategy = \"{name}\" ({_class_path(cls)})"
+    title = f"# strategy = \"{name}\" ({class_path(cls)})"
     if not new:
         return [f"{title}: its keys are all in fl-clusters' table already: "
                 f"{', '.join(declared)}"]

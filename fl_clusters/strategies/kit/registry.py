@@ -15,20 +15,20 @@ strategy from a run config is :mod:`fl_clusters.strategy_builder`'s.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from importlib.metadata import EntryPoint, entry_points
 from logging import WARNING
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import FedAvg, FedProx
 
+# Importing the package imports each of its strategy modules: every class registers.
+from fl_clusters import strategies as own_package
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 
 # The entry-point group under which an installed package declares its strategies.
 ENTRY_POINT_GROUP = "fl_clusters.strategies"
 # The package whose modules are fl-clusters' own strategies.
-OWN_PACKAGE = "fl_clusters.strategies"
+OWN_PACKAGE = own_package.__name__
 
 # Flower's strategies as baselines: run-config name -> (class, its own arguments by
 # the run-config key that sets each).
@@ -43,13 +43,6 @@ broken_plugins: dict[str, str] = {}
 
 class PluginError(ImportError):
     """An installed package's strategy entry point that does not give a usable strategy."""
-
-
-def _import_own_modules() -> None:
-    """Import every module of fl-clusters' strategies package: each class registers."""
-    package = importlib.import_module(OWN_PACKAGE)
-    for module in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{OWN_PACKAGE}.{module.name}")
 
 
 def load_plugin(entry: EntryPoint) -> type[ClusteredStrategy]:
@@ -98,6 +91,12 @@ def own_strategies() -> dict[str, type[ClusteredStrategy]]:
             if cls.__module__.startswith(f"{OWN_PACKAGE}.")}
 
 
+def class_path(cls: type) -> str:
+    """Where a user imports ``cls`` from: ``fl_clusters.strategies`` when it exports it."""
+    exported = getattr(own_package, cls.__name__, None) is cls
+    return f"{OWN_PACKAGE if exported else cls.__module__}.{cls.__qualname__}"
+
+
 def strategy_names() -> list[str]:
     """Every value the run-config key ``strategy`` takes: registered strategies and baselines."""
     return sorted({*ClusteredStrategy.registry, *BASELINES})
@@ -114,5 +113,4 @@ def unknown_strategy_message(name: str) -> str:
             f"group {ENTRY_POINT_GROUP!r}: docs/adding-a-strategy.md)")
 
 
-_import_own_modules()
 _load_plugins()
