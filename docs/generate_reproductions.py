@@ -42,7 +42,7 @@ REPRODUCED, NOT_SIGNIFICANT, CONTRADICTED = "reproduced", "not significant", "co
 NOT_RUN = "not run yet"
 # Strategies that do not cluster (one model, or one model a client): no row in a
 # section's table of what the clustering did.
-NOT_CLUSTERING = ("fedavg", "fedprox", "local")
+NOT_CLUSTERING = ("fedavg", "fedprox", "fedmedian", "local")
 
 
 

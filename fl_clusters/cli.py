@@ -38,6 +38,7 @@ OWN_PACKAGE = "fl-clusters"
 BASELINE_PAPERS = {
     "fedavg": "McMahan et al., AISTATS 2017 (baseline)",
     "fedprox": "Li et al., MLSys 2020 (baseline)",
+    "fedmedian": "Yin et al., ICML 2018 (robust baseline)",
 }
 COLUMNS = ("strategy", "class", "package", "paper")
 # Where Flower's users import its strategies from.

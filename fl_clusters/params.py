@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from typing import Any, Literal
 
-Kind = Literal["int", "float", "bool", "str"]
+Kind = Literal["int", "float", "bool", "str", "object"]
 # The default of an argument the caller must give (as in inspect.signature).
 REQUIRED = inspect.Parameter.empty
 
@@ -116,6 +116,7 @@ def check_param(
     below: float | None = None,
     choices: Sequence[str] | None = None,
     allow_none: bool = False,
+    instance_of: type | None = None,
 ) -> Any:
     """Return ``value`` when it is what a constructor argument must be; raise otherwise.
 
@@ -125,10 +126,11 @@ def check_param(
         The argument's name, as the constructor spells it.
     value : Any
         What the caller passed.
-    kind : {"int", "float", "bool", "str"}
+    kind : {"int", "float", "bool", "str", "object"}
         ``"int"``: a whole number (not a bool); ``"float"``: any finite real number
         (an int too, not a bool); ``"bool"``: True or False; ``"str"``: a string,
-        one of ``choices`` when given.
+        one of ``choices`` when given; ``"object"``: an instance of ``instance_of``
+        (a constructor argument only: a run config holds no objects).
     low, high : float | None
         Inclusive bounds of a number.
     above, below : float | None
@@ -137,6 +139,8 @@ def check_param(
         The allowed strings (``kind="str"``).
     allow_none : bool (default: False)
         ``None`` is allowed too (an argument whose ``None`` means "choose for me").
+    instance_of : type | None
+        The class an ``"object"`` argument must be an instance of.
 
     Returns
     -------
@@ -150,18 +154,21 @@ def check_param(
     """
     if allow_none and value is None:
         return value
-    if not _fits(value, kind, low, high, above, below, choices):
+    if not _fits(value, kind, low, high, above, below, choices, instance_of):
         raise ParamError(name, expected(kind, low=low, high=high, above=above, below=below,
-                                        choices=choices, allow_none=allow_none), value)
+                                        choices=choices, allow_none=allow_none,
+                                        instance_of=instance_of), value)
     return value
 
 
 def _fits(
     value: Any, kind: Kind, low: float | None = None, high: float | None = None,
     above: float | None = None, below: float | None = None,
-    choices: Sequence[str] | None = None,
+    choices: Sequence[str] | None = None, instance_of: type | None = None,
 ) -> bool:
     """Whether ``value`` is of ``kind`` and within the bounds (:func:`check_param`)."""
+    if kind == "object":
+        return instance_of is not None and isinstance(value, instance_of)
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "str":
@@ -180,7 +187,10 @@ def expected(kind: Kind, **constraint: Any) -> str:
 
     ``constraint`` holds :func:`check_param`'s keyword arguments.
     """
-    if kind == "bool":
+    if kind == "object":
+        cls = constraint["instance_of"]
+        text = f"an instance of {cls.__module__}.{cls.__qualname__}"
+    elif kind == "bool":
         text = "a bool (True or False)"
     elif kind == "str" and constraint.get("choices") is None:
         text = "a string"
@@ -208,7 +218,7 @@ class Param:
         What it must be (see :func:`check_param`).
     help : str
         One line for the run-config documentation and pyproject.toml.
-    low, high, above, below, choices, allow_none
+    low, high, above, below, choices, allow_none, instance_of
         The constraint, as :func:`check_param` takes it.
     unset : bool | int | float | str | None
         The run-config value that stands for ``None`` (run configs have no
@@ -247,6 +257,7 @@ class Param:
     below: float | None = None
     choices: tuple[str, ...] | None = None
     allow_none: bool = False
+    instance_of: type | None = None
     unset: bool | int | float | str | None = None
     key: str | None = None
     run_config: bool = True
@@ -256,6 +267,10 @@ class Param:
     doc: str = ""
 
     def __post_init__(self) -> None:
+        if (self.kind == "object") != (self.instance_of is not None) or (
+                self.kind == "object" and self.run_config):
+            raise ValueError(f"{self.name}: kind 'object' takes instance_of and "
+                             "run_config=False (a run config holds no objects), and only it")
         if self.paper is SAME:
             return
         if not self.why or not self.source:
@@ -271,7 +286,7 @@ class Param:
 
     def constraint(self) -> dict[str, Any]:
         """The constraint as :func:`check_param`'s keyword arguments."""
-        names = ("low", "high", "above", "below", "choices", "allow_none")
+        names = ("low", "high", "above", "below", "choices", "allow_none", "instance_of")
         return {name: getattr(self, name) for name in names}
 
     def check(self, value: Any) -> Any:

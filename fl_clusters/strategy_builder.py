@@ -1,7 +1,7 @@
 """Build the strategy a run config names (the ServerApp's ``strategy`` key).
 
 A registered strategy (:mod:`fl_clusters.strategies.kit.registry`) is built from
-the run-config keys of its declared parameters; Flower's FedAvg and FedProx are
+the run-config keys of its declared parameters; Flower's FedAvg, FedProx and FedMedian are
 built unchanged, as the baselines users know.
 """
 
@@ -15,6 +15,7 @@ from fl_clusters.params import ParamError
 from fl_clusters.strategies.kit.base import ClusteredStrategy
 from fl_clusters.strategies.kit.flower_baseline import FlowerBaseline
 from fl_clusters.strategies.kit.interface import ServerStrategy
+from fl_clusters.strategies.kit.options.inner import INNER_PARAMS, InnerAggregationOption
 from fl_clusters.strategies.kit.registry import BASELINES, unknown_strategy_message
 
 Settings = Mapping[str, Any]
@@ -75,6 +76,24 @@ def _baseline(name: str, settings: Settings) -> ServerStrategy:
     return FlowerBaseline(strategy, seed=settings["seed"])
 
 
+def _inner_problem(name: str, settings: Settings) -> str | None:
+    """Why ``settings`` ask strategy ``name`` for an inner aggregation it has not, or None."""
+    cls = ClusteredStrategy.registry.get(name)
+    if cls is not None and issubclass(cls, InnerAggregationOption):
+        return None
+    asked = [f"{param.key}={settings[param.key]!r}" for param in INNER_PARAMS
+             if param.run_config and settings[param.key] != param.default]
+    if not asked:
+        return None
+    why = cls.no_inner_aggregation if cls is not None else (
+        "Flower's own strategy aggregates every client in one model; choose it as the "
+        "strategy (e.g. strategy='fedmedian') instead")
+    takers = sorted(n for n, c in ClusteredStrategy.registry.items()
+                    if issubclass(c, InnerAggregationOption))
+    return (f"strategy {name!r} takes no inner aggregation ({', '.join(asked)}): {why}. "
+            f"The strategies that take one: {', '.join(takers)}")
+
+
 def build_strategy(settings: Settings) -> ServerStrategy:
     """Return the configured strategy, ready for fl-clusters' ServerApp.
 
@@ -84,6 +103,8 @@ def build_strategy(settings: Settings) -> ServerStrategy:
         Validated run config (:func:`fl_clusters.config.parse_run_config`).
     """
     name = settings["strategy"]
+    if (problem := _inner_problem(name, settings)) is not None:
+        raise ValueError(problem)
     cls = ClusteredStrategy.registry.get(name)
     if cls is not None:
         return _clustered(cls, settings)

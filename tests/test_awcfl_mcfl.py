@@ -187,7 +187,7 @@ def test_awcfl_leaves_a_cluster_without_members_out_of_the_mix() -> None:
     old = [_filled(0.0), _filled(10.0), _filled(100.0)]
     # Clusters 0 and 1 aggregate members this round; cluster 2 has none.
     groups = {0: [_trained(1, 2.0)], 1: [_trained(2, 4.0)]}
-    packed, _ = cfl.aggregate_clusters(old, groups)
+    packed, _ = cfl.aggregate_clusters(1, old, groups)
     models = [m["w"].numpy() for m in p.unpack_clusters(packed)]
     # beta/(n-1) * others + (1 - beta) * own, over the two clusters that aggregated.
     np.testing.assert_allclose(models[0], 0.5 * 4.0 + 0.5 * 2.0)
@@ -203,14 +203,14 @@ def test_paper_awcfl_mixes_the_plain_mean_of_a_clusters_members() -> None:
     groups = {0: [_trained(1, 0.0, examples=10), _trained(2, 4.0, examples=30)],
               1: [_trained(3, 8.0)]}
     models = {preset: [m["w"].numpy()[0] for m in p.unpack_clusters(
-        CFL(awcfl_beta=0.5, preset=preset).aggregate_clusters(old, groups)[0])]
+        CFL(awcfl_beta=0.5, preset=preset).aggregate_clusters(1, old, groups)[0])]
         for preset in ("robust", "paper")}
     # Own term: example-weighted (0 x 10 + 4 x 30) / 40 = 3, or the paper's plain mean 2;
     # then 0.5 x the other cluster (8) + 0.5 x the own term.
     np.testing.assert_allclose(models["robust"][0], 4.0 + 1.5)
     np.testing.assert_allclose(models["paper"][0], 4.0 + 1.0)
     # Without mixing, a cluster averages as FedAvg does under either preset.
-    plain = CFL(preset="paper").aggregate_clusters(old, groups)[0]
+    plain = CFL(preset="paper").aggregate_clusters(1, old, groups)[0]
     np.testing.assert_allclose(p.unpack_clusters(plain)[0]["w"].numpy()[0], 3.0)
 
 

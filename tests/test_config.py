@@ -25,7 +25,8 @@ def test_pyproject_lists_every_key_with_its_default() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("strategy", "kmeans", "must be one of 'acfl', 'cfl', 'fedavg', 'fedem', 'fedprox'"),
+        ("strategy", "kmeans",
+         "must be one of 'acfl', 'cfl', 'fedavg', 'fedem', 'fedmedian', 'fedprox'"),
         ("dataset", "imagenet", "must be one of 'digits', 'fashion-mnist'"),
         ("num-clusters", 0, "must be an int >= 1; got 0 (int)"),
         ("fraction-train", 1.5, "must be a number in (0, 1]; got 1.5 (float)"),

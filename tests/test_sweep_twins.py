@@ -56,7 +56,7 @@ def test_only_a_strategy_that_reads_nothing_the_preset_changes_repeats_its_run(
     repeats = {name for name in strategy_names() if not reads_preset(name)}
     # Flower's baselines read no `preset`; local-only declares no paper value and
     # no switched rule. FLDC and WeCFL declare switched rules only: they read it.
-    assert repeats == {"fedavg", "fedprox", "local"}
+    assert repeats == {"fedavg", "fedprox", "fedmedian", "local"}
     # Declarations decide, not a list: a paper value or a switched rule makes a
     # strategy read the preset.
     monkeypatch.setattr(LocalOnly, "params", (replace(

@@ -49,7 +49,7 @@ def toy_strategy(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[HardClustered
                 for i, msg in enumerate(trained):
                     members.setdefault(i % self.clusters, []).append(msg)
                 models = models * self.clusters
-            return self.aggregate_clusters(models, members)
+            return self.aggregate_clusters(server_round, models, members)
 
     yield Toy
 

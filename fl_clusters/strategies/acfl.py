@@ -271,7 +271,7 @@ class ACFL(HardClusteredStrategy, TrialFederations):
         self, server_round: int, members: dict[int, list[Message]]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Average per cluster; in phase 1, also check the update norms for convergence."""
-        packed, metrics = self.aggregate_clusters(self._models, members)
+        packed, metrics = self.aggregate_clusters(server_round, self._models, members)
         if self.clustering_round is None:
             # Node order, not reply order, so that the seeded start client is reproducible.
             trained = sorted(members[0], key=lambda m: self.node_order(m.metadata.src_node_id))

@@ -285,7 +285,7 @@ class CFL(HardClusteredStrategy):
             verdicts.append(f"{verdict}; " + self._split_text(
                 decision, len(groups[cluster]), len(groups[new_cluster]), new_cluster))
         log(INFO, "CFL round %d gate: %s", server_round, " | ".join(verdicts))
-        packed, metrics = self.aggregate_clusters(models, groups)
+        packed, metrics = self.aggregate_clusters(server_round, models, groups)
         # The largest norms over the clusters: the split test's inputs, for tuning eps1/eps2.
         metrics["mean-update-norm"] = float(max(mean_norms))
         metrics["max-update-norm"] = float(max(max_norms))

@@ -71,6 +71,8 @@ class FedEM(CentresFromStart):
 
     name = "fedem"
     paper = "Marfoq et al., NeurIPS 2021"
+    no_inner_aggregation = ("every client counts in every component with its mixture "
+                            "weight, which Flower's strategies cannot take")
     # 2: pi refitted every round (refit_mixture_weights) and full-size M-steps
     # (full_step_m_step).
     robust_revision = 2

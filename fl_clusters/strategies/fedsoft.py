@@ -97,6 +97,8 @@ class FedSoft(CentresFromStart, ImportanceWeights):
     # layer's); kept as measured (docs/results.md).
     warm_start_features = "whole-update"
     paper = "Ruan and Joe-Wong, AAAI 2022"
+    no_inner_aggregation = ("every client counts in every cluster with its importance weight, "
+                            "which Flower's strategies cannot take")
     client_needs = "`clustered.regularizer(net)` in the loss (below)"
     # 2: preset="paper" draws the authors' K = 15 nodes per cluster.
     paper_revision = 2

@@ -18,11 +18,10 @@ from fl_clusters.clustering import DensityClustering, flatten_models, stratified
 from fl_clusters.clustering.density import EPS_METHODS
 from fl_clusters.strategies.kit import (
     Behaviour,
-    ClusteredStrategy,
+    InnerAggregationOption,
     Param,
     RecipeValue,
     Scoring,
-    average_replies,
     reply_layers,
 )
 
@@ -66,7 +65,7 @@ def plot_k_distance(curve: np.ndarray, eps: float, min_pts: int, path: Path) -> 
     return path
 
 
-class FLDC(ClusteredStrategy):
+class FLDC(InnerAggregationOption):
     """FLDC: one global model trained on clients sampled per DBSCAN cluster.
 
     Round 1 (the paper's round 0): every connected node trains once from the
@@ -248,7 +247,8 @@ class FLDC(ClusteredStrategy):
         if round0 and self.clustering is not None and not self.round0_average:
             # The paper's round 0 only clusters: round 1 starts from the initial model.
             return self._current, metrics
-        return average_replies(valid), metrics
+        return self.aggregate_cluster(server_round, 0, self._current, valid,
+                                      weighted=True), metrics
 
     def _place_newcomers(self, grid: Grid) -> None:
         """Give nodes that joined after round 0 a stratum by DBSCAN's own rule.
@@ -316,9 +316,10 @@ class FLDC(ClusteredStrategy):
     def summary_fields(self) -> dict[str, Any]:
         """DBSCAN's decisions: eps, its margin, silhouette, labels per node, noise, k-distances."""
         if self.clustering is None:
-            return {}
+            return super().summary_fields()
         silhouette = self.clustering.silhouette_
         return {
+            **super().summary_fields(),
             "eps": self.clustering.eps_,
             # How far the nearest pairwise distance lies from the radius DBSCAN used.
             "eps_margin": self.clustering.eps_margin_,

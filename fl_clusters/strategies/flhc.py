@@ -118,7 +118,7 @@ class FLHC(HardClusteredStrategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """FedAvg (per cluster once clustered); cluster the updates right after the warm-up."""
         if self.clustering_round is not None or server_round <= self.warmup_rounds:
-            packed, metrics = self.aggregate_clusters(self._models, members)
+            packed, metrics = self.aggregate_clusters(server_round, self._models, members)
             if self.clustering_round is None:
                 # A warm-up round is FedAvg: nobody belongs to a cluster yet.
                 self.assignments.clear()
@@ -143,7 +143,7 @@ class FLHC(HardClusteredStrategy):
         if self.hierarchy.num_clusters_ == 1 and self.hierarchy.num_distinct_ > 1:
             self._warn_one_cluster(server_round)
         packed, metrics = self.aggregate_clusters(
-            [self._models[0]] * self.hierarchy.num_clusters_, groups
+            server_round, [self._models[0]] * self.hierarchy.num_clusters_, groups
         )
         return packed, metrics
 

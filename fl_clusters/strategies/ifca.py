@@ -26,6 +26,7 @@ from fl_clusters.strategies.kit import (
     AWCFLOption,
     Behaviour,
     CentresFromStart,
+    InnerAggregationOption,
     KMeansStart,
     MCFLOption,
     Param,
@@ -41,7 +42,7 @@ from fl_clusters.strategies.kit import (
 SOURCE = "Ghosh et al. 2020 (seed 001)"
 
 
-class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
+class IFCA(CentresFromStart, AWCFLOption, MCFLOption, InnerAggregationOption):
     """IFCA with model averaging or gradient averaging, and optional weight sharing.
 
     Every round the sampled clients receive all k cluster models, take the one with
@@ -153,6 +154,10 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
 
     def __init__(self, **arguments: Any) -> None:
         super().__init__(**arguments)
+        if self.inner is not None and self.mode == "gradient":
+            raise ValueError(
+                "IFCA mode 'gradient' (ifca-mode) steps along the members' mean gradient; an "
+                "inner aggregation aggregates models: use mode 'model' with it")
         self.reseeds: list[tuple[int, int, int]] = []
         self._idle_rounds = np.zeros(self.num_clusters, dtype=np.int64)
 
@@ -204,8 +209,9 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         """Cluster j's head <- group j's update; the shared body <- every reply's."""
         model, valid = start.model, start.replies
         heads, body = self._split_keys(model)
-        new_heads = [self._step(p.split_shared(model, heads)[1], group, heads, len(valid))
-                     if group else None for group in start.members()]
+        new_heads = [self._step(server_round, j, p.split_shared(model, heads)[1], group,
+                                len(valid)) if group else None
+                     for j, group in enumerate(start.members())]
         if any(head is None for head in new_heads):
             log(WARNING, "round %d: IFCA warm start: k-means left clusters %s empty; they "
                 "start from a random draw", server_round,
@@ -213,8 +219,8 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
             drawn = p.unpack_clusters(self._draw(model, self.seed))
             new_heads = [p.split_shared(drawn[j], heads)[1] if head is None else head
                          for j, head in enumerate(new_heads)]
-        shared = self._step(p.split_shared(model, heads)[0], valid, body, len(valid)) if body \
-            else None
+        shared = self._step(server_round, -1, p.split_shared(model, heads)[0], valid,
+                            len(valid)) if body else None
         return p.pack_clusters(new_heads, shared=shared), self._metrics(valid, start.sizes())
 
     def _split_keys(self, model: ArrayRecord) -> tuple[list[str], list[str]]:
@@ -257,15 +263,15 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         members = [[msg for c, msg in valid if c == j] for j in range(self.num_clusters)]
         old_heads = [p.split_shared(model, heads)[1] for model in models]
         new_heads = [
-            self._step(head, group, heads, len(valid)) if group else head
-            for head, group in zip(old_heads, members, strict=True)
+            self._step(server_round, j, head, group, len(valid)) if group else head
+            for j, (head, group) in enumerate(zip(old_heads, members, strict=True))
         ]
         self._reseed_idle(server_round, old_heads, new_heads, members, heads, len(valid))
         new_heads = self.mix_clusters(new_heads, active=[j for j, g in enumerate(members) if g])
         shared = None
         if body:
             old_body, _ = p.split_shared(models[0], heads)
-            shared = self._step(old_body, [msg for _, msg in valid], body, len(valid))
+            shared = self._step(server_round, -1, old_body, [msg for _, msg in valid], len(valid))
         sizes = np.bincount([c for c, _ in valid], minlength=self.num_clusters)
         log(INFO, "round %d: IFCA cluster sizes %s", server_round, sizes.tolist())
         metrics = self._metrics([msg for _, msg in valid], sizes.tolist())
@@ -327,8 +333,11 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
             group = members[donor]
             stay = [m for m, side in zip(group, sides, strict=True) if side == 0]
             move = [m for m, side in zip(group, sides, strict=True) if side == 1]
-            new_heads[donor] = self._step(old_heads[donor], stay, keys, num_replies)
-            new_heads[idle] = self._step(old_heads[donor], move, keys, num_replies)
+            self.forget_inner(int(idle))
+            new_heads[donor] = self._step(server_round, donor, old_heads[donor], stay,
+                                          num_replies, again=True)
+            new_heads[idle] = self._step(server_round, int(idle), old_heads[donor], move,
+                                         num_replies)
             members[donor], members[idle] = stay, move
             self._idle_rounds[idle] = 0
             self.reseeds.append((server_round, int(idle), int(donor)))
@@ -348,12 +357,20 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
         return reply_updates(group, p.numpy_to_record(keys, [start[k].numpy() for k in keys]))
 
     def _step(
-        self, old: ArrayRecord, members: list[Message], keys: list[str], num_replies: int
+        self, server_round: int, cluster: int, old: ArrayRecord, members: list[Message],
+        num_replies: int, *, again: bool = False,
     ) -> ArrayRecord:
-        """New arrays for ``keys`` from the members' models, or a step along their gradients.
+        """New arrays for ``old``'s keys from the members' models, or a step along their
+        gradients; an inner aggregation aggregates the models of cluster ``cluster``
+        (-1: the layers every cluster shares).
 
-        ``num_replies`` is the paper's m, the clients that answered this round.
+        ``num_replies`` is the paper's m, the clients that answered this round;
+        ``again``: see :meth:`aggregate_cluster`.
         """
+        keys = list(old.keys())
+        if self.inner is not None:
+            return self.aggregate_cluster(server_round, cluster, old, members,
+                                          weighted=self.aggregation == "weighted", again=again)
         layers = cluster_update(
             [old[k].numpy() for k in keys], reply_layers(members, keys),
             [num_examples(m) for m in members], mode=self.mode, aggregation=self.aggregation,
@@ -364,6 +381,7 @@ class IFCA(CentresFromStart, AWCFLOption, MCFLOption):
     def summary_fields(self) -> dict[str, Any]:
         """Initialization and re-seeding: what the run's clusters started from."""
         return {
+            **super().summary_fields(),
             "ifca_init": self.init,
             "init_groups": {str(node): group for node, group in self.warm_start_groups.items()},
             "reseeds": [list(r) for r in self.reseeds],

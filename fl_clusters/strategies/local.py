@@ -41,6 +41,7 @@ class LocalOnly(ClusteredStrategy):
 
     name = "local"
     paper = "baseline: no sharing"
+    no_inner_aggregation = "it aggregates nothing: every client keeps its own model"
     params = (
         replace(FRACTION_TRAIN, paper=NOT_GIVEN,
                 why="every client's own model trains in every round, as the papers' local "

@@ -148,7 +148,7 @@ class WeCFL(HardClusteredStrategy):
             if len(trained) < self.num_clusters:
                 log(WARNING, "round %d: %d trained models for k=%d clusters: FedAvg this "
                     "round, k-means in the next", server_round, len(trained), self.num_clusters)
-                packed, metrics = self.aggregate_clusters(self._models, members)
+                packed, metrics = self.aggregate_clusters(server_round, self._models, members)
                 self.assignments.clear()
                 return packed, metrics
             labels = initial_kmeans(points, weights, self.num_clusters, self.n_init, self.seed)
@@ -164,7 +164,7 @@ class WeCFL(HardClusteredStrategy):
         self.reassigned.append(moved)
         log(INFO, "round %d: WeCFL k-means: %d trained models in clusters %s, %d moved",
             server_round, len(trained), {j: len(g) for j, g in sorted(groups.items())}, moved)
-        packed, metrics = self.aggregate_clusters(models, groups)
+        packed, metrics = self.aggregate_clusters(server_round, models, groups)
         metrics["reassigned"] = moved
         return packed, metrics
 

@@ -28,6 +28,7 @@ import numpy as np
 from fl_clusters.checkpoint import CHECKPOINT_FILE
 from fl_clusters.config import config_keys, parse_run_config
 from fl_clusters.strategies.kit import REQUIRED, ClusteredStrategy
+from fl_clusters.strategies.kit.options.inner import InnerAggregationOption
 from fl_clusters.strategies.kit.presets import departs
 from fl_clusters.strategy_builder import build_strategy
 from fl_clusters.testing.federations import (
@@ -46,6 +47,9 @@ COMMON_FIELDS = ("strategy", "num_clients", "num_cluster_models", "num_clusters_
                  "personalized_accuracy", "per_client_accuracy", "assignment_history",
                  "preset", "preset_changes", "rejected_replies", "lost_nodes", "late_nodes")
 RESULT_FILES = ("summary.json", "rounds.jsonl", "models.npz", "assignments.csv")
+# The inner aggregation the checks run: Flower's FedAdam keeps moments per cluster,
+# so a resume that lost them would not end where the uninterrupted run ends.
+INNER_JOB = {"inner-aggregation": "fedadam", "inner-options": "eta=0.05"}
 # A value of each kind that no declaration of that kind accepts.
 REFUSED_VALUE = {"str": "not-a-choice", "bool": 2, "int": 1.5, "float": "x"}
 
@@ -56,11 +60,13 @@ class FederationRuns:
     ``runs(strategy, kind)`` is the summary.json of one run (with ``_folder``, its
     results folder): ``whole`` and ``again``, the same job twice; ``stopped``, its
     first 2 rounds, checkpointed; ``resumed``, the rest from that checkpoint;
-    ``churn``, on :class:`~fl_clusters.testing.federations.ChurnGrid`. The runs
+    ``churn``, on :class:`~fl_clusters.testing.federations.ChurnGrid`; ``inner...``,
+    the first four with :data:`INNER_JOB`'s stateful inner aggregation. The runs
     write under one temporary folder, removed when this object is.
     """
 
-    KINDS = ("whole", "again", "stopped", "resumed", "churn")
+    KINDS = ("whole", "again", "stopped", "resumed", "churn",
+             "inner", "inner-again", "inner-stopped", "inner-resumed")
 
     def __init__(self) -> None:
         self._done: dict[tuple[Strategy, str], dict[str, Any]] = {}
@@ -81,10 +87,13 @@ class FederationRuns:
             weakref.finalize(self, shutil.rmtree, self._folder, True)
         results = self._folder / f"{len(self._done)}-{strategy.name}-{kind}"
         job: dict[str, Any] = {"strategy": strategy.name}
-        if kind == "stopped":
+        prefix = "inner-" if kind.startswith("inner") else ""
+        if prefix:
+            job |= INNER_JOB
+        if kind == f"{prefix}stopped":
             job |= {"num-rounds": 2, "checkpoint-every": 2}
-        elif kind == "resumed":
-            job["resume-from"] = str(self(strategy, "stopped")["_folder"])
+        elif kind == f"{prefix}resumed":
+            job["resume-from"] = str(self(strategy, f"{prefix}stopped")["_folder"])
         elif kind == "churn":
             job["min-nodes"] = NUM_CLIENTS - 1  # the late node is not there at the start
         with in_process_server():
@@ -247,6 +256,27 @@ def check_summary_and_results_fields(strategy: Strategy, runs: FederationRuns) -
     assert len(summary["per_client_accuracy"]) == NUM_CLIENTS, summary["per_client_accuracy"]
 
 
+def check_inner_aggregation(strategy: Strategy, runs: FederationRuns) -> None:
+    """With a stateful Flower strategy inside each cluster (FedAdam) a run repeats from
+    its seed, resumes where the uninterrupted run ends, and differs from the mean's; a
+    strategy without the option refuses the keys, naming them."""
+    if not issubclass(strategy, InnerAggregationOption):
+        try:
+            build_strategy(_settings(strategy, **{"inner-aggregation": "fedmedian"}))
+        except ValueError as error:
+            assert "inner-aggregation" in str(error), error
+            return
+        raise AssertionError(f"{strategy.__name__} has no inner aggregation but accepted "
+                             "inner-aggregation='fedmedian'")
+    whole = runs(strategy, "inner")
+    assert whole["inner_aggregation"].startswith("FedAdam("), whole["inner_aggregation"]
+    _same_outcome(whole, runs(strategy, "inner-again"))
+    _same_outcome(runs(strategy, "inner-resumed"), whole)
+    models = [np.load(run["_folder"] / "models.npz") for run in (whole, runs(strategy, "whole"))]
+    assert any(not np.array_equal(models[0][key], models[1][key]) for key in models[0].files
+               if key in models[1].files), "FedAdam inside the clusters left the models unchanged"
+
+
 CHECKS: dict[str, Callable[[Strategy, FederationRuns], None]] = {
     "builds_from_its_declarations": check_builds_from_its_declarations,
     "builds_with_the_paper_preset": check_builds_with_the_paper_preset,
@@ -256,4 +286,5 @@ CHECKS: dict[str, Callable[[Strategy, FederationRuns], None]] = {
     "malformed_replies_are_rejected_and_counted":
         check_malformed_replies_are_rejected_and_counted,
     "summary_and_results_fields": check_summary_and_results_fields,
+    "inner_aggregation": check_inner_aggregation,
 }

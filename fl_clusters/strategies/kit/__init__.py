@@ -19,8 +19,9 @@ complete one)::
   :class:`Behaviour` (a rule that departs from the paper's) and
   :class:`RecipeValue` (the paper's training recipe);
 - options a strategy composes in: :class:`AWCFLOption` and :class:`MCFLOption`
-  (Li and Yan's AWCFL and MCFL), ACFL's :class:`TrialFederations` and FedSoft's
-  :class:`ImportanceWeights`;
+  (Li and Yan's AWCFL and MCFL), :class:`InnerAggregationOption` (a Flower
+  strategy inside each cluster: ``aggregate_cluster`` averages one), ACFL's
+  :class:`TrialFederations` and FedSoft's :class:`ImportanceWeights`;
 - cluster models: ``initial_arrays`` reaches round 1 as one model;
   :func:`pack_clusters` / :func:`unpack_clusters` move between that record and
   k models, :func:`draw_clusters` and :func:`random_like` make k random centres
@@ -78,6 +79,7 @@ from fl_clusters.strategies.kit.interface import (
     SimilaritySource,
 )
 from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
+from fl_clusters.strategies.kit.options.inner import InnerAggregationOption
 from fl_clusters.strategies.kit.options.mcfl import MCFLOption
 from fl_clusters.strategies.kit.recipes import RecipeValue
 from fl_clusters.strategies.kit.replies import (
@@ -114,6 +116,7 @@ __all__ = [
     "ClusteredStrategy",
     "HardClusteredStrategy",
     "ImportanceWeights",
+    "InnerAggregationOption",
     "KMeansStart",
     "MCFLOption",
     "MetricField",

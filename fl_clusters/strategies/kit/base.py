@@ -57,6 +57,9 @@ class ClusteredStrategy(ServerStrategy, Declared):
     # (docs/plugin.md's table).
     client_needs: ClassVar[str] = "nothing more"
     params = (PRESET, FRACTION_EVALUATE, MIN_AVAILABLE_NODES, MAX_FAILED_ROUNDS, SEED)
+    # Why the strategy has no inner aggregation (InnerAggregationOption), for the
+    # run config's refusal of the inner-aggregation keys.
+    no_inner_aggregation: ClassVar[str] = "it does not aggregate clusters with a mean"
     # Every strategy with a name, by name: what a run config can build.
     registry: ClassVar[dict[str, type[ClusteredStrategy]]] = {}
 

@@ -14,12 +14,13 @@ from sklearn.metrics import pairwise_distances
 
 from fl_clusters import protocol as p
 from fl_clusters.strategies.kit.options.awcfl import AWCFLOption
+from fl_clusters.strategies.kit.options.inner import InnerAggregationOption
 from fl_clusters.strategies.kit.options.mcfl import MCFLOption
-from fl_clusters.strategies.kit.replies import average_replies, reply_updates, train_losses
+from fl_clusters.strategies.kit.replies import reply_updates, train_losses
 from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, INTER_CLUSTER
 
 
-class HardClusteredStrategy(AWCFLOption, MCFLOption):
+class HardClusteredStrategy(AWCFLOption, MCFLOption, InnerAggregationOption):
     """Clustered strategies whose server assigns each node to one cluster (CFL, ACFL).
 
     Holds the cluster models of the current round, sends every sampled node its own
@@ -76,7 +77,7 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
         By default every cluster averages its members (:meth:`aggregate_clusters`);
         strategies that (re)cluster override this.
         """
-        return self.aggregate_clusters(self._models, members)
+        return self.aggregate_clusters(server_round, self._models, members)
 
     def newcomers(self, nodes: Iterable[int]) -> list[int]:
         """The nodes of ``nodes`` without a cluster that were never asked to place themselves."""
@@ -168,16 +169,19 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
         return members
 
     def aggregate_clusters(
-        self, models: list[ArrayRecord], groups: dict[int, list[Message]]
+        self, server_round: int, models: list[ArrayRecord], groups: dict[int, list[Message]]
     ) -> tuple[ArrayRecord, MetricRecord]:
-        """Average each cluster's members (clusters without replies keep their model).
+        """Aggregate each cluster's members (clusters without replies keep their model).
 
-        Records every member's cluster in ``assignments`` and applies AWCFL's
-        inter-cluster mixing to the averages.
+        ``models[j]`` is the model cluster j's members trained from; each cluster
+        averages them (:meth:`aggregate_cluster`: the mean, or the inner Flower
+        strategy). Records every member's cluster in ``assignments`` and applies
+        AWCFL's inter-cluster mixing to the results.
         """
         models = list(models)
-        for cluster, trained in groups.items():
-            models[cluster] = average_replies(trained, weighted=self.own_term_weighted())
+        for cluster, trained in sorted(groups.items()):
+            models[cluster] = self.aggregate_cluster(server_round, cluster, models[cluster],
+                                                     trained, weighted=self.own_term_weighted())
             for msg in trained:
                 self.assignments[msg.metadata.src_node_id] = cluster
         models = self.mix_clusters(models, active=groups)
@@ -195,6 +199,7 @@ class HardClusteredStrategy(AWCFLOption, MCFLOption):
     def summary_fields(self) -> dict[str, Any]:
         """The number of clusters the nodes ended in, and the nodes placed late."""
         return {
+            **super().summary_fields(),
             "num_clusters_found": len(set(self.assignments.values())) or 1,
             "placed_nodes": {str(node): c for node, c in sorted(self.placed_nodes.items())},
         }

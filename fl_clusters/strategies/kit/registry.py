@@ -9,7 +9,7 @@ the strategies that other installed packages declare under the entry-point group
     [project.entry-points."fl_clusters.strategies"]
     fesem = "my_package.fesem:FeSEM"
 
-Flower's FedAvg and FedProx are the baselines (:data:`BASELINES`). Building a
+Flower's FedAvg, FedProx and FedMedian are the baselines (:data:`BASELINES`). Building a
 strategy from a run config is :mod:`fl_clusters.strategy_builder`'s.
 """
 
@@ -19,7 +19,7 @@ from importlib.metadata import EntryPoint, entry_points
 from logging import WARNING
 
 from flwr.common.logger import log
-from flwr.serverapp.strategy import FedAvg, FedProx
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedProx
 
 # Importing the package imports each of its strategy modules: every class registers.
 from fl_clusters import strategies as own_package
@@ -35,6 +35,8 @@ OWN_PACKAGE = own_package.__name__
 BASELINES: dict[str, tuple[type[FedAvg], dict[str, str]]] = {
     "fedavg": (FedAvg, {}),
     "fedprox": (FedProx, {"proximal_mu": "proximal-mu"}),
+    # The robust global baseline: one model, the coordinate-wise median of the replies.
+    "fedmedian": (FedMedian, {}),
 }
 
 # Plug-ins that could not be loaded: entry-point name -> why.

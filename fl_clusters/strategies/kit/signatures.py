@@ -28,7 +28,7 @@ _WIDTH = 84
 
 def annotation(param: Param) -> Any:
     """The type an argument takes: its kind's, or that or ``None``."""
-    kind = _TYPES[param.kind]
+    kind = param.instance_of if param.instance_of is not None else _TYPES[param.kind]
     return kind | None if param.allow_none else kind
 
 
@@ -50,7 +50,8 @@ def call_signature(cls: type, params: Sequence[Param]) -> inspect.Signature:
 
 
 def _entry(param: Param) -> list[str]:
-    kind = param.kind + (" | None" if param.allow_none else "")
+    kind = (param.instance_of.__name__ if param.instance_of is not None else param.kind) + (
+        " | None" if param.allow_none else "")
     default = "" if param.default is REQUIRED else f" (default: {_default_text(param.default)})"
     text = param.doc or param.help[:1].upper() + param.help[1:] + "."
     return [f"{param.name} : {kind}{default}",

@@ -113,7 +113,7 @@ class FedGroup(HardClusteredStrategy):
             else np.zeros(updates.shape[1], updates.dtype) for group in range(self.num_clusters)])
         log(INFO, "round %d: FedGroup: %d clients in %d groups by EDC: sizes %s", server_round,
             len(trained), self.num_clusters, {j: len(g) for j, g in sorted(groups.items())})
-        return self.aggregate_clusters([self.start] * self.num_clusters, groups)
+        return self.aggregate_clusters(server_round, [self.start] * self.num_clusters, groups)
 
     def place_newcomers(
         self, server_round: int, nodes: list[int], config: ConfigRecord, grid: Grid
