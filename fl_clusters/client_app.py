@@ -16,6 +16,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
+from fl_clusters.attacks import NodeRole, node_role
 from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
 from fl_clusters.client.node_data import check_node, learner_for, node_metadata
 from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
@@ -26,6 +27,48 @@ from fl_clusters.ray_env import pass_ray_messages_inline
 
 LearnerFactory = Callable[[Context], TorchLearner]
 MetadataFactory = Callable[[Context], Mapping[str, Any]]
+RoleFactory = Callable[[Context], NodeRole | None]
+
+
+def no_role(context: Context) -> None:
+    """Every node honest: a run without attack clients."""
+
+
+def train_as(role: NodeRole | None, learner: TorchLearner, message: Message,
+             context: Context) -> Message:
+    """The train reply of a node in ``role``: an honest node's, or what its attack makes it."""
+    attack = None if role is None else role.attack
+    if not is_mixture(message):
+        return train_reply(learner, message, context, attack)
+    if attack is None:
+        return fedem_train(learner, message, context)
+    return attack.poison_components(message, fedem_train(attack.trainer(learner), message,
+                                                         context))
+
+
+def role_aware_node(
+    learner_fn: LearnerFactory, metadata_fn: MetadataFactory,
+    check_fn: Callable[[Context], int | None] | None, role_fn: RoleFactory,
+) -> ClientNode:
+    """The node the queries answer for, told its role under the run's attack.
+
+    The handshake reads the role first, so that an attack outside a simulation
+    stops the run before round 1; the final report carries the role
+    (:meth:`~fl_clusters.attacks.NodeRole.report_metadata`).
+    """
+    def metadata(context: Context) -> Mapping[str, Any]:
+        role = role_fn(context)
+        found = metadata_fn(context)
+        return found if role is None else {**found, **role.report_metadata()}
+
+    def check(context: Context) -> int | None:
+        role_fn(context)
+        if check_fn is not None:
+            return check_fn(context)
+        learner_fn(context)
+        return metadata_fn(context).get("true-cluster")
+
+    return ClientNode(learner_fn, metadata, check=check)
 
 
 def register_handlers(
@@ -33,6 +76,7 @@ def register_handlers(
     learner_fn: LearnerFactory,
     metadata_fn: MetadataFactory | None = None,
     check_fn: Callable[[Context], int | None] | None = None,
+    role_fn: RoleFactory | None = None,
 ) -> ClientApp:
     """Add every fl-clusters message handler to a ClientApp.
 
@@ -58,23 +102,33 @@ def register_handlers(
         what ``learner_fn`` would and returning the node's ground-truth group (or
         None), so that the handshake builds no learner; None: the handshake calls
         ``learner_fn`` and reads the group from ``metadata_fn``.
+    role_fn : Callable[[Context], NodeRole | None] | None
+        The node's role under the run config's attack (simulations only): the
+        built-in app's is :func:`fl_clusters.attacks.node_role`. ``None``: no node
+        attacks (an app of your own reads a run config of its own).
     """
     pass_ray_messages_inline()
+    role_fn = role_fn or no_role
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
         learner = learner_fn(context)
-        trained = (fedem_train if is_mixture(message) else train_reply)(learner, message, context)
+        trained = train_as(role_fn(context), learner, message, context)
         if not trained.has_error():
             record_training(context, learner.device)
         return trained
 
     @app.evaluate()
     def evaluate(message: Message, context: Context) -> Message:
-        handler = fedem_evaluate if is_mixture(message) else evaluate_reply
-        return handler(learner_fn(context), message, context)
+        learner = learner_fn(context)
+        if is_mixture(message):
+            return fedem_evaluate(learner, message, context)
+        role = role_fn(context)
+        target = None if role is None else role.backdoor_target
+        return evaluate_reply(learner, message, context, target)
 
-    register_queries(app, ClientNode(learner_fn, metadata_fn or no_metadata, check=check_fn))
+    register_queries(app, role_aware_node(learner_fn, metadata_fn or no_metadata, check_fn,
+                                          role_fn))
     return app
 
 
@@ -102,7 +156,10 @@ def build_client_app(
     def check_fn(context: Context) -> int:
         return check_node(context, overrides)
 
-    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn, check_fn)
+    def role_fn(context: Context) -> NodeRole | None:
+        return node_role(context, overrides)
+
+    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn, check_fn, role_fn)
 
 
 app = build_client_app()

@@ -24,6 +24,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from fl_clusters.data.loaders import DATASET_SHAPES
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.params import Param, ParamError
 from fl_clusters.protocol import OPTIMIZERS
@@ -49,6 +50,8 @@ CLUSTER_STRUCTURES = (
     "rotation", "label-permutation", "none", "rotation-mixture", "label-permutation-mixture"
 )
 MODELS = ("mlp", "cnn")
+# Attack clients of a simulation (fl_clusters.attacks); "none" first, the default.
+ATTACKS = ("none", "label-flip", "sign-flip", "scale", "backdoor", "sybil")
 DEVICES = ("auto", "cpu", "cuda")
 # The key that turns the paper preset's training recipe off (apply_paper_recipe).
 PAPER_RECIPE = "paper-recipe"
@@ -113,6 +116,22 @@ COMMON_KEYS: tuple[Param, ...] = (
           "under preset = 'paper', the training-recipe keys left at their defaults take the "
           "paper's values (docs/paper-fidelity.md); false keeps the app's", key=PAPER_RECIPE),
     Param("proximal_mu", 0.01, "float", "FedProx proximal weight", low=0.0, key="proximal-mu"),
+    # Attack clients, simulations only (fl_clusters.attacks, docs/config.md). The
+    # share defaults to 0 so that the kind and the share are always set together
+    # (check_attack_keys): a share left over from another run cannot turn attackers
+    # on, nor a kind without its share run a clean federation under its name.
+    Param("attack", "none", "str",
+          "what the attacking clients do (simulation only): 'none', 'label-flip', "
+          "'sign-flip', 'scale', 'backdoor' or 'sybil'", choices=ATTACKS, key="attack"),
+    Param("attack_share", 0.0, "float",
+          "share of the clients that attack (of group attack-group when set); 0 with "
+          "attack = 'none' only", low=0.0, high=1.0, key="attack-share"),
+    Param("attack_group", -1, "int", "ground-truth group the attackers are drawn from "
+          "(-1 = any group)", low=-1, key="attack-group"),
+    Param("attack_scale", 10.0, "float", "factor on the attackers' updates: sign-flip, "
+          "scale (model replacement), backdoor, sybil", above=0.0, key="attack-scale"),
+    Param("attack_target", 0, "int", "class the backdoor's trigger makes the model predict",
+          low=0, key="attack-target"),
     Param("torch_threads", 1, "int",
           "torch threads per client process; match client resources' num-cpus (0 = default)",
           low=0, key="torch-threads"),
@@ -238,7 +257,35 @@ def parse_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
             ) from error
     if settings["num-groups"] == 0:
         settings["num-groups"] = settings["num-clusters"]
+    check_attack_keys(settings)
     return settings
+
+
+def check_attack_keys(settings: Mapping[str, Any]) -> None:
+    """Refuse attack keys that do not go together, naming the keys and the fix.
+
+    Raises
+    ------
+    ConfigurationError
+        An attack without a share (or a share without an attack), a group the
+        federation does not have, or a backdoor target outside the data set's classes.
+    """
+    kind, share = settings["attack"], settings["attack-share"]
+    if (kind == "none") != (share == 0.0):
+        raise ConfigurationError(
+            f"run-config keys 'attack'={kind!r} and 'attack-share'={share} do not go "
+            "together: set both (e.g. attack='sign-flip' attack-share=0.2) or neither "
+            "(attack='none' attack-share=0.0)")
+    if settings["attack-group"] >= settings["num-groups"]:
+        raise ConfigurationError(
+            f"run-config key 'attack-group'={settings['attack-group']} names no group of "
+            f"the {settings['num-groups']} ('num-groups'); set it below {settings['num-groups']}, "
+            "or -1 for attackers from any group")
+    classes = DATASET_SHAPES[settings["dataset"]][1]
+    if kind == "backdoor" and settings["attack-target"] >= classes:
+        raise ConfigurationError(
+            f"run-config key 'attack-target'={settings['attack-target']} is no class of "
+            f"{settings['dataset']!r} ({classes} classes); set it in [0, {classes - 1}]")
 
 
 @dataclass

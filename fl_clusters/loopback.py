@@ -20,6 +20,16 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+# Handler calls that LoopbackGrids are making in this process now. Such a call is
+# an in-process simulation, which fl_clusters.attacks must tell from a deployed
+# ClientApp (attack clients run in simulations only).
+_calls_in_progress = 0
+
+
+def delivering() -> bool:
+    """Whether a :class:`LoopbackGrid` of this process is calling a ClientApp handler now."""
+    return _calls_in_progress > 0
+
 
 class LoopbackGrid(Grid):
     """A Grid whose nodes are one ClientApp called in this process.
@@ -78,19 +88,26 @@ class LoopbackGrid(Grid):
         for message in messages:
             message.metadata.__dict__["_message_id"] = str(uuid4())
             delivered = copy.deepcopy(message)
-            context = self.contexts[message.metadata.dst_node_id]
-            try:
-                reply = self.client_app(delivered, context)
-            except Exception as error:  # any handler error becomes an error reply, as in Flower
-                reason = f"{type(error)}:<'{error}'>"
-                reply = Message(
-                    Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
-                    reply_to=delivered,
-                )
+            reply = self._deliver(delivered, self.contexts[message.metadata.dst_node_id])
             reply.metadata.__dict__["_message_id"] = str(uuid4())
             self._replies[message.metadata.message_id] = copy.deepcopy(reply)
             ids.append(message.metadata.message_id)
         return ids
+
+    def _deliver(self, message: Message, context: Context) -> Message:
+        """The node's reply to ``message``; a handler that raises gets Flower's error reply."""
+        global _calls_in_progress
+        _calls_in_progress += 1
+        try:
+            return self.client_app(message, context)
+        except Exception as error:  # any handler error becomes an error reply, as in Flower
+            reason = f"{type(error)}:<'{error}'>"
+            return Message(
+                Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                reply_to=message,
+            )
+        finally:
+            _calls_in_progress -= 1
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """The replies to ``message_ids`` (each returned once)."""

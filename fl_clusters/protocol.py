@@ -104,6 +104,11 @@ M_TRUE_GROUP = "true-cluster"
 # identity, optional: the node config's partition-id, which names the node in the
 # server's log (node ids are random per run)
 M_PARTITION_ID = "partition-id"
+# evaluate and report, only in a simulation whose run config has attack='backdoor':
+# the share of the node's non-target test inputs that the model predicts as the
+# backdoor's target once the trigger is stamped on them (fl_clusters.attacks). No
+# strategy reads it; Flower's FedAvg averages it into the round's metrics.
+M_BACKDOOR_SUCCESS = "backdoor-success"
 # identity, optional: a config record whose "message" says why the node cannot take
 # part (its data set is missing...); the node still answers, so the server can tell
 # this from an app that lacks the handler. Its "every-node" is true when every node

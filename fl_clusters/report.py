@@ -27,6 +27,13 @@ def report_fields(num_models: int) -> dict[str, p.MetricField]:
         "train-loss": p.MetricField(length=num_models, required=False),
         "num-test": p.MetricField(low=1.0, integer=True),
         "local-accuracy": p.MetricField(low=0.0, high=1.0, required=False),
+        # A simulation with attack clients (fl_clusters.attack_scores reads them).
+        p.M_BACKDOOR_SUCCESS: p.MetricField(length=num_models, low=0.0, high=1.0,
+                                            required=False),
+        "local-backdoor-success": p.MetricField(low=0.0, high=1.0, required=False),
+        "backdoor-inputs": p.MetricField(low=1.0, integer=True, required=False),
+        "num-partitions": p.MetricField(low=1.0, integer=True, required=False),
+        "attacker": p.MetricField(low=0.0, high=1.0, integer=True, required=False),
     }
 
 

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fl_clusters import protocol as p
+from fl_clusters.attack_scores import attack_fields
 from fl_clusters.config import parse_run_config
 from fl_clusters.files import atomic_output, sha256_of, strict_json
 from fl_clusters.grid import MeteredGrid
@@ -229,6 +230,7 @@ def run_summary(
     summary.update(history_fields(strategy, rows))
     summary.update(placement_fields(rows, summary["per_client_accuracy"], strategy.round_history()))
     summary["placement"] = placement_summary(rows)
+    summary.update(attack_fields(settings, rows, summary["per_client_accuracy"]))
     summary.update(
         wall_time_s=wall_time_s,
         bytes_sent=grid.bytes_sent,

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from fl_clusters import protocol as p
+from fl_clusters.attacks import NONE, deployment_refusal, simulation_grid
 from fl_clusters.checkpoint import Checkpoint
 from fl_clusters.client_errors import forget_shown
 from fl_clusters.config import RecipeOutcome, resolve_run_config
@@ -292,6 +293,10 @@ def run_federation(
     (:func:`~fl_clusters.config.resolve_run_config`), recorded in summary.json.
     """
     start = time.time()
+    if settings["attack"] != NONE and not simulation_grid(grid):
+        # The nodes refuse too (fl_clusters.attacks.node_role); this says it before
+        # anything is written.
+        raise ConfigurationError(deployment_refusal(settings["attack"], "ServerApp"))
     # A bad resume-from or results-dir fails before any wait for nodes.
     resumed = load_checkpoint(settings) if settings["resume-from"] else None
     folder = create_results_folder(settings)

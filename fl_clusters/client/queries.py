@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from fl_clusters import protocol as p
+from fl_clusters.client.backdoor import backdoor_success
 from fl_clusters.client.choice import training_losses
 from fl_clusters.client.fedem import mixture_scores, mixture_weights_for, stored_mixture_weights
 from fl_clusters.client.task import candidate_models, local_model, node_key, reply, task_config
@@ -34,6 +35,9 @@ from fl_clusters.placement import PLACEMENT, placement_report
 # Optional metadata entry: the group (e.g. source distribution) of every test sample.
 # The report turns it into per-group correct counts instead of forwarding it.
 TEST_GROUPS = "test-groups"
+# Optional metadata entry of a simulation with a backdoor attack: its target class.
+# The report turns it into every model's backdoor success (fl_clusters.attacks).
+BACKDOOR_TARGET = "backdoor-target"
 
 
 def no_metadata(context: Context) -> Mapping[str, Any]:
@@ -80,6 +84,7 @@ def report_reply(
     """
     metadata = dict(metadata)
     groups = metadata.pop(TEST_GROUPS, None)
+    backdoor_target = metadata.pop(BACKDOOR_TARGET, None)
     models = candidate_models(message)
     if learner.num_examples("test") == 0:
         raise ValueError("split 'test' of this client is empty")
@@ -112,6 +117,8 @@ def report_reply(
         config.get(p.CFG_MIXTURE, False)
     ):
         add_mixture_metrics(metrics, learner, models, context)
+    if backdoor_target is not None:
+        add_backdoor_metrics(metrics, learner, models, local, int(backdoor_target))
     if groups is not None:
         correct, counts = group_scores([c for _, c in test_scores], groups)
         metrics["group-correct"] = correct
@@ -119,6 +126,21 @@ def report_reply(
     for key, value in metadata.items():
         metrics[key] = value
     return reply(message, metrics)
+
+
+def add_backdoor_metrics(
+    metrics: MetricRecord, learner: TorchLearner, models: list[ArrayRecord],
+    local: ArrayRecord | None, target: int,
+) -> None:
+    """A backdoor run's report: every model's (and the node's own model's) backdoor
+    success on the node's test inputs, and how many inputs it was measured on."""
+    scores = [backdoor_success(learner, m, target) for m in models]
+    if scores[0] is None:  # every test input is of the target class: nothing to measure
+        return
+    metrics[p.M_BACKDOOR_SUCCESS] = [s[0] for s in scores if s is not None]
+    metrics["backdoor-inputs"] = scores[0][1]
+    if local is not None:
+        metrics["local-backdoor-success"] = backdoor_success(learner, local, target)[0]  # type: ignore[index]
 
 
 def add_mixture_metrics(
