@@ -99,8 +99,9 @@ BR_IFCA = ("Ghosh et al. 2019 and Byzantine-robust IFCA (arXiv 2306.00638, 2023)
            "abstracts (not among the seeds)")
 BR_IFCA_PAPER = ("robust IFCA keeps its accuracy where IFCA breaks; no figures for this "
                  "setting")
-BR_IFCA_CAVEAT = ("Fashion-MNIST rotations for MNIST; 20 clients, 20 rounds; 4 of 20 clients "
-                  "reply their update sign-flipped and scaled 10 times (settings ours)")
+BR_IFCA_CAVEAT = ("scikit-learn's digits rotations for MNIST; 20 clients, 20 rounds; 4 of 20 "
+                  "clients reply their update sign-flipped and scaled 10 times (settings "
+                  "ours)")
 BR_IFCA_CLAIMS: tuple[Claim, ...] = tuple(
     claim
     for arm, rule in (("ifca-trimmed", "a trimmed mean"), ("ifca-median", "a median"))
