@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from docs.generated_page import write_or_check
 from fl_clusters.files import atomic_output
 from fl_clusters.sweep.cells import SEED_AXIS, Sweep
 from fl_clusters.sweep.report import latest_lines
@@ -221,18 +222,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PAGE} has no '<!-- attacks: ... -->' block", file=sys.stderr)
         return 2
     new = page[:match.start(2)] + render(sweep) + "\n" + page[match.end(2):]
-    if args.check:
-        if new != page:
-            print("docs/robustness.md's attack block is out of date; run: python "
-                  "docs/generate_attacks.py", file=sys.stderr)
-            return 1
-        return 0
-    with atomic_output(PAGE) as out:
-        out.write(new.encode())
-    if RUNS.exists():
+    status = write_or_check(PAGE, new, check=args.check,
+                            command="python docs/generate_attacks.py")
+    if not args.check and RUNS.exists():
         plot(sweep, measured(sweep), PLOT)
-    print(f"wrote {PAGE}" + (f" and {PLOT}" if RUNS.exists() else ""))
-    return 0
+        print(f"wrote {PLOT}")
+    return status
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from docs.generated_page import write_or_check
 from docs.reproduction_claims import CLAIMS, Claim
-from fl_clusters.files import atomic_output
 from fl_clusters.sweep.cells import SEED_AXIS, Sweep
 from fl_clusters.sweep.report import latest_lines, spread, stale_runs
 from fl_clusters.sweep.spec import load_sweep
@@ -271,17 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when docs/reproductions.md is out of date")
     args = parser.parse_args(argv)
-    page = render()
-    if args.check:
-        if PAGE.read_text() != page:
-            print("docs/reproductions.md is out of date; run: python "
-                  "docs/generate_reproductions.py", file=sys.stderr)
-            return 1
-        return 0
-    with atomic_output(PAGE) as out:
-        out.write(page.encode())
-    print(f"wrote {PAGE}")
-    return 0
+    return write_or_check(PAGE, render(), check=args.check,
+                          command="python docs/generate_reproductions.py")
 
 
 if __name__ == "__main__":

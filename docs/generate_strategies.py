@@ -161,8 +161,10 @@ def table() -> str:
     """One row per registered strategy, then Flower's baselines."""
     rows = ["| strategy (`strategy=`) | class | paper |", "|---|---|---|"]
     rows += [f"| `{cls.name}` | `{class_path(cls)}` | {cls.paper} |" for cls in strategies()]
-    rows.append("| `fedavg`, `fedprox` | Flower's own `FedAvg`, `FedProx` (`proximal-mu`) "
-                "| baselines |")
+    names = ", ".join(f"`{name}`" for name in BASELINES)
+    classes = ", ".join(f"`{flower.__name__}`" + (f" (`{', '.join(own.values())}`)" if own else "")
+                        for flower, own in BASELINES.values())
+    rows.append(f"| {names} | Flower's own {classes} | baselines |")
     return "\n".join(rows) + "\n"
 
 
@@ -209,6 +211,7 @@ def plugin_table() -> str:
     rows.append("| FedAvg, FedProx (`fedavg`, `fedprox`) | Flower's `FedAvg()`, "
                 "`FedProx(proximal_mu=0.1)` | `proximal-mu` | FedProx: "
                 "`clustered.regularizer(net)` in the loss |")
+    rows.append("| FedMedian (`fedmedian`) | Flower's `FedMedian()` | | nothing more |")
     return "\n".join(rows) + "\n"
 
 

@@ -9,6 +9,7 @@ the grid stand-ins and hand-made models that drive a strategy's glue without Ray
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -163,6 +165,17 @@ def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
     The returned dict also holds ``_folder``, the results folder of the run.
     """
     return federation_in(tmp_path, shared_ray)
+
+
+def docs_script(name: str) -> ModuleType:
+    """The script docs/<name>.py as a module (registered under ``name``: its dataclasses
+    look their module up by name)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def copy_app(source: Path, destination: Path) -> Path:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,20 +10,14 @@ import pytest
 
 from fl_clusters.sweep.cells import Sweep
 from fl_clusters.sweep.spec import load_sweep
+from tests.conftest import docs_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "generate_reproductions", ROOT / "docs" / "generate_reproductions.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses look their module up by name.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return docs_script("generate_reproductions")
 
 
 @pytest.fixture(scope="module")
