@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from docs.generated_page import write_or_check
-from docs.reproduction_claims import CLAIMS, Claim
+from docs.reproduction_claims import CLAIMS, HONEST_ACCURACY, Claim
 from fl_clusters.sweep.cells import SEED_AXIS, Sweep
 from fl_clusters.sweep.report import latest_lines, spread, stale_runs
 from fl_clusters.sweep.spec import load_sweep
@@ -48,10 +48,19 @@ NOT_CLUSTERING = ("fedavg", "fedprox", "fedmedian", "local")
 
 
 def value(line: Mapping[str, Any], name: str) -> float | None:
-    """A run's ``name``: a summary field; a list field's mean (None: not measured)."""
+    """A run's ``name``: a summary field; a list field's mean (None: not measured).
+
+    ``honest_personalized_accuracy`` is the attack section's, and a run without
+    attackers' ``personalized_accuracy`` (every client in it is honest).
+    """
     if line.get("status") != "ok":
         return None
-    found = line["summary"].get(name)
+    summary = line["summary"]
+    if name == HONEST_ACCURACY:
+        attack = summary.get("attack")
+        found = attack.get(name) if attack else summary.get("personalized_accuracy")
+        return None if found is None else float(found)
+    found = summary.get(name)
     if isinstance(found, list):
         numbers = [float(item) for item in found if item is not None]
         return sum(numbers) / len(numbers) if numbers else None

@@ -95,6 +95,9 @@ LI_YAN_CLAIMS: tuple[Claim, ...] = (
           metric="intra_cluster_accuracy", margin=0.02, caveat=LI_YAN_CAVEAT),
 )
 
+# Honest clients' personalized accuracy (summary.json's attack section; every client's
+# in a run without attackers).
+HONEST_ACCURACY = "honest_personalized_accuracy"
 BR_IFCA = ("Ghosh et al. 2019 and Byzantine-robust IFCA (arXiv 2306.00638, 2023), "
            "abstracts (not among the seeds)")
 BR_IFCA_PAPER = ("robust IFCA keeps its accuracy where IFCA breaks; no figures for this "
@@ -102,19 +105,26 @@ BR_IFCA_PAPER = ("robust IFCA keeps its accuracy where IFCA breaks; no figures f
 BR_IFCA_CAVEAT = ("scikit-learn's digits rotations for MNIST; 20 clients, 20 rounds; 4 of 20 "
                   "clients reply their update sign-flipped and scaled 10 times (settings "
                   "ours)")
+# What the runs showed of the trimmed mean (runs.jsonl's attack sections, per seed).
+BR_IFCA_TRIMMED = ("; a finding: beta 0.2 trims one member at each end of a 5-member "
+                   "cluster, so it holds in the seeds where every cluster drew at most one "
+                   "of the 4 attackers (honest accuracy 0.93-0.94, robust seeds 1 and 3) and "
+                   "breaks where two attackers share a cluster; the median holds in both")
 BR_IFCA_CLAIMS: tuple[Claim, ...] = tuple(
     claim
-    for arm, rule in (("ifca-trimmed", "a trimmed mean"), ("ifca-median", "a median"))
+    for arm, rule, finding in (("ifca-trimmed", "a trimmed mean", BR_IFCA_TRIMMED),
+                               ("ifca-median", "a median", ""))
     for claim in (
         Claim("reproduce-br-ifca", f"Under 20 % Byzantine clients, IFCA with {rule} inside "
-              "its clusters beats plain IFCA", {"strategy": arm, "attack": "sign-flip-20"},
+              "its clusters beats plain IFCA (honest clients' accuracy)",
+              {"strategy": arm, "attack": "sign-flip-20"},
               {"strategy": "ifca", "attack": "sign-flip-20"}, ">", BR_IFCA_PAPER, BR_IFCA,
-              caveat=BR_IFCA_CAVEAT),
+              metric=HONEST_ACCURACY, caveat=BR_IFCA_CAVEAT + finding),
         Claim("reproduce-br-ifca", f"Under 20 % Byzantine clients, IFCA with {rule} inside "
-              "its clusters keeps clean IFCA's accuracy (within 0.02)",
+              "its clusters keeps clean IFCA's accuracy for its honest clients (within 0.02)",
               {"strategy": arm, "attack": "sign-flip-20"},
               {"strategy": "ifca", "attack": "none"}, "~", BR_IFCA_PAPER, BR_IFCA,
-              margin=0.02, caveat=BR_IFCA_CAVEAT),
+              metric=HONEST_ACCURACY, margin=0.02, caveat=BR_IFCA_CAVEAT + finding),
     )
 )
 

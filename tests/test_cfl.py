@@ -102,7 +102,8 @@ def test_run_config_builds_cfl_and_acfl_with_their_keys() -> None:
     assert acfl.summary_fields() == {
         "trial_evaluations": 0, "trial_messages": 0, "trial_train_messages": 0,
         "trial_failed_members": 0, "phase1_ended": False, "clustering_round": None,
-        "num_clusters_found": 1, "placed_nodes": {},
+        "num_clusters_found": 1, "placed_nodes": {}, "inner_aggregation": "mean",
+        "inner_fallbacks": [],
     }
 
 

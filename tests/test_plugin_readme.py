@@ -40,13 +40,14 @@ NODES = 6
 
 
 def test_plugin_table_lists_every_strategy_with_working_constructor_calls() -> None:
-    from flwr.serverapp.strategy import FedAvg, FedProx
+    from flwr.serverapp.strategy import FedAvg, FedMedian, FedProx
 
-    namespace = {**vars(fl_clusters.strategies), "FedAvg": FedAvg, "FedProx": FedProx}
+    namespace = {**vars(fl_clusters.strategies), "FedAvg": FedAvg, "FedProx": FedProx,
+                 "FedMedian": FedMedian}
     documented = [type(eval(call, namespace)) for call in plugin_table_constructors()]
     assert len(documented) == len(set(documented)), documented
     # Every strategy the run config can name, as fl-clusters' own app builds it
-    # (Flower's FedAvg and FedProx inside their FlowerBaseline wrapper).
+    # (Flower's FedAvg, FedProx and FedMedian inside their FlowerBaseline wrapper).
     built = [build_strategy({**parse_run_config({"strategy": name}), "min-available-nodes": 2})
              for name in strategy_names()]
     offered = {type(getattr(strategy, "flower", strategy)) for strategy in built}
