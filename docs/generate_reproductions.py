@@ -39,6 +39,8 @@ PRESETS = ("paper", "robust")
 PRESET_AXIS = "preset"
 # Verdicts, from the paired differences' 95 % interval.
 REPRODUCED, NOT_SIGNIFICANT, CONTRADICTED = "reproduced", "not significant", "contradicted"
+# No verdict: the two sides are one model, or a clustered side never clustered.
+NOT_TESTED = "not tested"
 NOT_RUN = "not run yet"
 # Strategies that do not cluster (one model, or one model a client): no row in a
 # section's table of what the clustering did.
@@ -74,6 +76,9 @@ class Comparison:
     cell: dict[int, float] = field(default_factory=dict)
     other: dict[int, float] = field(default_factory=dict)
     differences: dict[int, float] = field(default_factory=dict)
+    # A clustering side's label -> whether each of its runs ended with more than one
+    # cluster (sides of strategies that do not cluster are left out).
+    clustered: dict[str, list[bool]] = field(default_factory=dict)
     commits: set[str] = field(default_factory=set)
     dirty: bool = False
     stale: int = 0
@@ -109,6 +114,12 @@ def compare(
         if mine is None or theirs is None:
             continue
         sides.setdefault(int(cell.labels[SEED_AXIS]), []).append((mine, theirs))
+        for side, line in zip((claim.cell, claim.other), lines, strict=True):
+            strategy = line.get("settings", {}).get("strategy")
+            clusters = line["summary"].get("num_clusters_found")
+            if strategy is not None and strategy not in NOT_CLUSTERING and clusters is not None:
+                found.clustered.setdefault(", ".join(side.values()), []).append(
+                    int(clusters) > 1)
         found.commits |= {str(line.get("git_commit", ""))[:10] for line in lines}
         found.dirty |= any(line.get("git_dirty") for line in lines)
         found.stale += len({cell.key, partner.key} & stale)
@@ -154,11 +165,25 @@ def cell_text(claim: Claim, comparison: Comparison, seeds: int) -> tuple[str, st
     figures = (f"{_interval(list(comparison.cell.values()))} vs "
                f"{_interval(list(comparison.other.values()))}; Δ "
                f"{_interval(list(comparison.differences.values()), signed=True)}")
+    untested = untested_reason(comparison)
+    if untested is not None:
+        return figures, f"{NOT_TESTED}: {untested}" + (
+            f" ({claim.caveat})" if claim.caveat else "")
     outcome = verdict(list(comparison.differences.values()), claim.relation, claim.margin)
     notes = [] if outcome == REPRODUCED or not claim.caveat else [claim.caveat]
-    if not any(comparison.differences.values()):
-        notes.append("the two sides scored the same in every seed")
     return figures, outcome + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def untested_reason(comparison: Comparison) -> str | None:
+    """Why the claim has no verdict here, or None: two sides that scored the same in
+    every seed are one model, and a clustered side that never clustered is FedAvg."""
+    if not any(comparison.differences.values()):
+        return "the two sides scored the same in every seed: nothing told them apart"
+    never = [side for side, flags in comparison.clustered.items() if not any(flags)]
+    if never:
+        return (f"{' and '.join(never)} never clustered (one cluster in every seed), so the "
+                "comparison is against one global model")
+    return None
 
 
 def _runs(name: str) -> list[dict[str, Any]]:
@@ -228,6 +253,9 @@ values of a seed are averaged first). The verdict reads Δ's 95 % interval: for
 **not significant** when it holds 0; for "A is as accurate as B (within m)",
 reproduced when it lies inside [-m, m], contradicted when wholly outside. Where a
 claim does not reproduce, the verdict names what differs from the paper's setting;
+a claim has **not tested** instead of a verdict when its two sides scored the same in
+every seed (one model) or a clustered side never clustered (one cluster in every
+seed: it was FedAvg), with the reason;
 a contradicted claim is a result, not a failure. A sweep that has not run for
 every seed says "not run yet": no figure is written that no run measured. Below
 each section's claims, a table says what each clustered cell's runs found (in how

@@ -89,15 +89,51 @@ def test_differences_that_straddle_zero_are_not_significant(
         "not significant")
 
 
-def test_two_sides_that_score_the_same_in_every_seed_say_so(
+def test_two_sides_that_score_the_same_in_every_seed_get_no_verdict(
     generator: ModuleType, sweep: Sweep,
 ) -> None:
     accuracy = {(s, p): FEDAVG for s in ("ifca", "fedavg") for p in ("paper", "robust")}
     comparison = generator.compare(sweep, lines(sweep, accuracy), claim(generator), "paper")
-    assert generator.cell_text(claim(generator), comparison, 5)[1] == (
-        "not significant (another data set; the two sides scored the same in every seed)")
-    close = generator.cell_text(claim(generator, "~", 0.02), comparison, 5)[1]
-    assert close == "reproduced (the two sides scored the same in every seed)"
+    untested = ("not tested: the two sides scored the same in every seed: nothing told them "
+                "apart (another data set)")
+    assert generator.cell_text(claim(generator), comparison, 5)[1] == untested
+    assert generator.cell_text(claim(generator, "~", 0.02), comparison, 5)[1] == untested
+
+
+def test_a_clustered_side_that_never_clustered_gets_no_verdict(
+    generator: ModuleType, sweep: Sweep,
+) -> None:
+    accuracy = {("ifca", "paper"): [a + 0.05 for a in FEDAVG],
+                ("ifca", "robust"): [a + 0.05 for a in FEDAVG],
+                ("fedavg", "paper"): FEDAVG, ("fedavg", "robust"): FEDAVG}
+    runs = lines(sweep, accuracy)
+    for line in runs:
+        clustered = line["cell"]["preset"] == "robust" and line["cell"]["seed"] == "3"
+        line["summary"]["num_clusters_found"] = 4 if clustered else 1
+    # One seed with clusters is enough for a verdict; none leaves the claim untested.
+    robust = generator.compare(sweep, runs, claim(generator), "robust")
+    assert generator.cell_text(claim(generator), robust, 5)[1] == "reproduced"
+    paper = generator.compare(sweep, runs, claim(generator), "paper")
+    assert generator.cell_text(claim(generator), paper, 5)[1].startswith(
+        "not tested: ifca never clustered (one cluster in every seed)")
+
+
+def test_no_recorded_verdict_rests_on_two_identical_sides(generator: ModuleType) -> None:
+    """Over the sweeps' recorded runs: sides that score the same in every seed, or a
+    clustered side with one cluster in every seed, never get a verdict."""
+    for claim in generator.CLAIMS:
+        runs = generator._runs(claim.sweep)
+        sweep = load_sweep(generator.SWEEPS / f"{claim.sweep}.toml")
+        seeds = len({cell.labels["seed"] for cell in sweep.cells})
+        for preset in ("paper", "robust"):
+            comparison = generator.compare(sweep, runs, claim, preset)
+            if len(comparison.differences) < seeds:
+                continue
+            outcome = generator.cell_text(claim, comparison, seeds)[1]
+            identical = all(d == 0 for d in comparison.differences.values())
+            never = any(not any(flags) for flags in comparison.clustered.values())
+            if identical or never:
+                assert outcome.startswith("not tested"), (claim.text, preset, outcome)
 
 
 def test_a_sections_clustering_table_counts_the_seeds_that_ended_with_several_clusters(
