@@ -49,8 +49,8 @@ class FedSoft(CentresFromStart, ImportanceWeights):
     reuses them until the next estimate. Each round, for every cluster s, K nodes
     are drawn with probabilities ``v_sk = u_ks n_k / sum_k' u_k's n_k'``,
     independently per cluster and without replacement (by default, no K: every
-    node is drawn for every cluster, as the authors' code runs without
-    selection). A node drawn for several clusters gets ONE message
+    node is drawn for every cluster; the authors' runs draw K = 15, the paper
+    preset's). A node drawn for several clusters gets ONE message
     and solves ONE proximal problem,
     ``f_k(w) + lambda/2 * sum_s u_ks ||w - c_s||^2``, starting from its own model
     kept on the node between rounds (its personalized model). Every node's model
@@ -126,12 +126,12 @@ class FedSoft(CentresFromStart, ImportanceWeights):
               "nodes of two groups of 3 for both clusters), and a node drawn for no cluster "
               "does not train its personalized model that round (K = 5 for 8 clusters of 40 "
               "nodes left the held-out sweep's personalized accuracy far below K = 15's); "
-              "every node trains every round, as in the authors' code without selection and "
-              "with the other strategies' fraction_train = 1",
-              source="the authors' code (github.com/ycruan/FedSoft, main.py: selection_size "
-              "= 15 for its 20 CIFAR-10 clients; servers.py: do_selection=False trains every "
-              "client and weighs client k by v_sk); Lai (seed 004), section 4.1, Algorithm 1 "
-              "names K without a value",
+              "every node trains every round, as the other strategies do with fraction_train "
+              "= 1 (the authors' runs select: the paper value)",
+              source="the authors' code (github.com/ycruan/FedSoft, main.py: "
+              "do_selection=True, selection_size=15 for its 20 CIFAR-10 clients; servers.py "
+              "trains every client, weighing client k by v_sk, only when do_selection is "
+              "False); Lai (seed 004), section 4.1, Algorithm 1 names K without a value",
               doc="K, nodes drawn per cluster each round; ``None``: every node with importance "
               'weights, so every node trains every round (``preset="paper"``: 15).'),
         Param("proximal_lambda", 0.1, "float", "FedSoft proximal weight", low=0.0,

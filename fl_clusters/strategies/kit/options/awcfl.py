@@ -1,4 +1,4 @@
-"""AWCFL's inter-cluster mixing, an option of every hard-clustered strategy (Ma et al.)."""
+"""AWCFL's inter-cluster mixing, an option of every hard-clustered strategy (Li and Yan 2023)."""
 
 from __future__ import annotations
 
