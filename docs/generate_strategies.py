@@ -45,6 +45,7 @@ from docs.fidelity_page import FIDELITY_HEAD, fidelity_section, options_recipe
 from fl_clusters.config import key_groups
 from fl_clusters.params import REQUIRED, Param
 from fl_clusters.strategies.kit.base import ClusteredStrategy
+from fl_clusters.strategies.kit.options.inner import INNER_PARAMS
 from fl_clusters.strategies.kit.paper_digests import record_paper_digests
 from fl_clusters.strategies.kit.registry import BASELINES, class_path, own_strategies
 from fl_clusters.strategies.kit.shared_params import FRACTION_TRAIN, INTER_CLUSTER
@@ -223,7 +224,8 @@ def strategy_list() -> str:
 def strategy_key_list() -> str:
     """The prefixes of the strategies' own run-config keys, inline."""
     prefixes = [f"`{cls.name}-*`" for cls in strategies() if run_config_keys(cls.name)]
-    return ", ".join([*prefixes, *(f"`{param.key}`" for param in INTER_CLUSTER)])
+    shared = [param for param in (*INTER_CLUSTER, *INNER_PARAMS) if param.run_config]
+    return ", ".join([*prefixes, *(f"`{param.key}`" for param in shared)])
 
 
 # Per page, each generated block and what it holds (inline blocks end without a newline).
