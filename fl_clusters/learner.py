@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_clusters.models import arrays_to_model, model_to_arrays
 from fl_clusters.optimizers import OptimizerFn, optimizer_step
+from fl_clusters.protocol import reported_loss
 
 EVAL_BATCH = 1024
 
@@ -351,7 +352,7 @@ class TorchLearner:
         memo = {} if known is None else known
         digests = [arrays_digest(m) for m in models]
         losses = [
-            memo[d] if d in memo else float(self.per_sample_losses(m, split).mean())
+            memo[d] if d in memo else reported_loss(self.per_sample_losses(m, split).mean())
             for d, m in zip(digests, models, strict=True)
         ]
         memo.clear()

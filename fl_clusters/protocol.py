@@ -131,6 +131,9 @@ class MetricField:
         Every value must be a whole number (a cluster id, a count).
     required : bool
         A reply without the metric is rejected; an optional one is checked when present.
+    infinite : bool
+        +Inf is a value too: the loss of a diverged model (:func:`reported_loss`).
+        NaN never is.
     """
 
     length: int | None = None
@@ -138,6 +141,14 @@ class MetricField:
     high: float = math.inf
     integer: bool = False
     required: bool = True
+    infinite: bool = False
+
+
+def reported_loss(mean: float) -> float:
+    """The mean loss a node reports for a model: +Inf for a diverged model (NaN or Inf),
+    so that a choice by lowest loss passes it over and the report keeps its other
+    numbers (a model an attacker blew up must not void every node's report)."""
+    return float(mean) if math.isfinite(mean) else math.inf
 
 
 # Fields of a training reply that every strategy reads.
@@ -215,8 +226,9 @@ def field_problem(metrics: MetricRecord, name: str, field: MetricField) -> str |
             got = f"{len(value)} values" if isinstance(value, list) else "one number"
             return f"'{name}' must hold {field.length} numbers, got {got}"
         values = np.asarray(value, dtype=np.float64)
-    if not np.all(np.isfinite(values)):
-        return f"'{name}' holds NaN or Inf"
+    allowed = np.isfinite(values) | (field.infinite & (values == math.inf))
+    if not np.all(allowed):
+        return f"'{name}' holds NaN or {'-Inf' if field.infinite else 'Inf'}"
     if field.integer and not np.all(values == np.round(values)):
         return f"'{name}' must hold whole numbers, got {value}"
     if np.any(values < field.low) or np.any(values > field.high):

@@ -19,12 +19,13 @@ from fl_clusters.strategies.kit.interface import ServerStrategy
 
 def report_fields(num_models: int) -> dict[str, p.MetricField]:
     """The fields of a node's final report that :mod:`fl_clusters.results` reads."""
-    scores = p.MetricField(length=num_models)
+    # A diverged cluster model's loss is +Inf (protocol.reported_loss).
+    losses = p.MetricField(length=num_models, infinite=True)
     return {
         "test-accuracy": p.MetricField(length=num_models, low=0.0, high=1.0),
-        "test-loss": scores,
+        "test-loss": losses,
         # Only from nodes the server sent no cluster (they choose by it).
-        "train-loss": p.MetricField(length=num_models, required=False),
+        "train-loss": p.MetricField(length=num_models, required=False, infinite=True),
         "num-test": p.MetricField(low=1.0, integer=True),
         "local-accuracy": p.MetricField(low=0.0, high=1.0, required=False),
         # A simulation with attack clients (fl_clusters.attack_scores reads them).

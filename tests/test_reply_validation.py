@@ -63,6 +63,24 @@ def test_check_metrics_accepts_a_valid_reply_and_an_absent_optional_field() -> N
     assert p.check_metrics(record, fields) is None
 
 
+def test_a_report_keeps_a_diverged_models_infinite_loss_and_refuses_nan() -> None:
+    """An attacker can blow its own cluster's model up; every node scores every model
+    in the final report, so an Inf loss there must not void every node's report."""
+    fields = report_fields(2)
+    report = {p.M_NUM_EXAMPLES: 5, "num-test": 10, "test-accuracy": [0.9, 0.1],
+              "test-loss": [0.3, p.reported_loss(math.nan)], "train-loss": [0.2, math.inf]}
+    assert report["test-loss"][1] == math.inf
+    assert p.check_metrics(MetricRecord(report), fields) is None
+    for bad in (math.nan, -math.inf):
+        found = p.check_metrics(MetricRecord({**report, "test-loss": [0.3, bad]}), fields)
+        assert found == "'test-loss' holds NaN or -Inf"
+    # Rounds' training replies still refuse an infinite loss.
+    assert p.check_metrics(MetricRecord({p.M_NUM_EXAMPLES: 5, p.M_TRAIN_LOSS: math.inf}),
+                           p.TRAIN_FIELDS) == "'train-loss' holds NaN or Inf"
+    # A node choosing by loss passes a diverged model over.
+    assert int(np.argmin([p.reported_loss(math.nan), 0.7])) == 1
+
+
 # --------------------------------------------------------------- property level
 def _model() -> ArrayRecord:
     rng = np.random.default_rng(0)

@@ -94,7 +94,8 @@ def report_reply(
     metrics = MetricRecord(
         {
             "test-accuracy": [float(correct.mean()) for _, correct in test_scores],
-            "test-loss": [float(losses.mean(dtype=np.float64)) for losses, _ in test_scores],
+            "test-loss": [p.reported_loss(losses.mean(dtype=np.float64))
+                          for losses, _ in test_scores],
             "num-test": learner.num_examples("test"),
             p.M_NUM_EXAMPLES: learner.num_examples("train"),
             "test-feature-mean": learner.feature_mean(
