@@ -154,6 +154,11 @@ def side_table(sweep: Sweep, found: Mapping[tuple[str, str], Any], attacks: Sequ
     return lines
 
 
+def _base(strategy: str) -> str:
+    """The strategy a robust variant is of: ``ifca-median`` -> ``ifca``, FedMedian -> FedAvg."""
+    return "fedavg" if strategy == "fedmedian" else strategy.removesuffix("-median")
+
+
 def plot(sweep: Sweep, found: Mapping[tuple[str, str], Any], path: Path) -> None:
     """Honest accuracy against the attackers' share: one panel per kind, a line per strategy."""
     import matplotlib
@@ -162,14 +167,18 @@ def plot(sweep: Sweep, found: Mapping[tuple[str, str], Any], path: Path) -> None
     from matplotlib import pyplot as plt
 
     kinds = _kinds(_axis(sweep, "attack"))
+    # A strategy and its robust variant share a colour; the median is dashed.
+    bases = list(dict.fromkeys(_base(s) for s in _axis(sweep, "strategy")))
+    colours = {base: f"C{i}" for i, base in enumerate(bases)}
     figure, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds), 3.4), sharey=True)
     for axis, (kind, cells) in zip(np.atleast_1d(axes), kinds.items(), strict=True):
         for strategy in _axis(sweep, "strategy"):
             points = [(_share(a), np.mean([honest_accuracy(s) for s in runs.values()]))
                       for a in ("none", *cells) if (runs := found.get((strategy, a)))]
             if points:
-                style = "--" if strategy.endswith("-median") or strategy == "fedmedian" else "-"
-                axis.plot(*zip(*points, strict=True), style, marker="o", label=strategy)
+                style = "-" if _base(strategy) == strategy else "--"
+                axis.plot(*zip(*points, strict=True), style, marker="o", label=strategy,
+                          color=colours[_base(strategy)])
         axis.set_title(kind)
         axis.set_xlabel("attackers (%)")
     np.atleast_1d(axes)[0].set_ylabel("honest clients' accuracy")
