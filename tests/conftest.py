@@ -167,13 +167,13 @@ def federation(tmp_path: Path, shared_ray: SharedRay) -> Federation:
     return federation_in(tmp_path, shared_ray)
 
 
-def docs_script(name: str) -> ModuleType:
-    """The script docs/<name>.py as a module (registered under ``name``: its dataclasses
-    look their module up by name)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+def load_script(path: Path) -> ModuleType:
+    """The script ``path`` (a docs/ generator, a benchmark) as a module, registered under
+    its file's stem: dataclasses look their module up by name."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[path.stem] = module
     spec.loader.exec_module(module)
     return module
 

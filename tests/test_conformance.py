@@ -14,7 +14,6 @@ pages and pyproject.toml, and a docstring that documents their arguments.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -23,18 +22,14 @@ import pytest
 from fl_clusters.strategies.kit import ClusteredStrategy
 from fl_clusters.strategies.kit.registry import own_strategies
 from fl_clusters.testing import parametrize_with_checks
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = own_strategies()
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("generate_strategies",
-                                                  ROOT / "docs" / "generate_strategies.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "docs" / "generate_strategies.py")
 
 
 @parametrize_with_checks(OWN.values())

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 from fl_clusters.strategies import IFCA, ClusteredStrategy
+from tests.conftest import load_script
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _generator():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("generate_strategies",
-                                                  DOCS / "generate_strategies.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "generate_strategies.py")
 
 
 def test_the_strategies_page_matches_the_classes() -> None:

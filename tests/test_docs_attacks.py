@@ -8,12 +8,12 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import docs_script
+from tests.conftest import ROOT, load_script
 
 
 @pytest.fixture(scope="module")
 def generator() -> ModuleType:
-    return docs_script("generate_attacks")
+    return load_script(ROOT / "docs" / "generate_attacks.py")
 
 
 def test_the_attack_block_is_up_to_date(generator: ModuleType) -> None:

@@ -10,14 +10,14 @@ import pytest
 
 from fl_clusters.sweep.cells import Sweep
 from fl_clusters.sweep.spec import load_sweep
-from tests.conftest import docs_script
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def generator() -> ModuleType:
-    return docs_script("generate_reproductions")
+    return load_script(ROOT / "docs" / "generate_reproductions.py")
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_fedadam_keeps_one_state_per_cluster_and_it_survives_the_checkpoint_tree
     writer = StateWriter()
     tree = writer.tree(strategy.checkpoint_state(), "strategy")
     state = StateReader(writer.arrays).value(tree)
-    assert "inner" not in state and "_inner_strategies" not in state
+    assert "inner" not in state and "_states_before" not in state
     resumed = FLDC(inner=FedAdam(eta=0.05))
     vars(resumed).update(state)
     next_round = [s.aggregate_cluster(3, 0, START, _replies([1.5, 2.5]), weighted=True)

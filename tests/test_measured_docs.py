@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -12,18 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import load_script
+
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _renderer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("measured_numbers",
-                                                  DOCS / "measured_numbers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses look their module up in sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "measured_numbers.py")
 
 
 RENDERER = _renderer()
@@ -272,12 +265,7 @@ def test_the_recipe_axis_section_is_rendered_from_its_file() -> None:
     # benchmarks/recipe_matrix.py writes the last section of docs/clustering-matrix.md
     # from benchmarks/measured/recipe_matrix.json (its grid runs the plug-in example,
     # which a sweep of the built-in app cannot).
-    spec = importlib.util.spec_from_file_location(
-        "recipe_matrix", DOCS.parent / "benchmarks" / "recipe_matrix.py")
-    assert spec is not None and spec.loader is not None
-    recipes = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = recipes
-    spec.loader.exec_module(recipes)
+    recipes = load_script(DOCS.parent / "benchmarks" / "recipe_matrix.py")
     page = (DOCS / "clustering-matrix.md").read_text()
     assert page[page.index(recipes.SECTION):] == recipes.section(recipes.load(recipes.OUT)), (
         "docs/clustering-matrix.md's recipe section is stale: run "

@@ -40,6 +40,7 @@ from fl_clusters.sweep.provenance import append_session
 from fl_clusters.sweep.report import stale_runs, table_rows, write_report
 from fl_clusters.sweep.runner import append_run, pending_cells, read_runs
 from fl_clusters.sweep.spec import parse_only
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -343,13 +344,7 @@ def test_a_robust_run_is_stale_when_its_strategys_robust_revision_rose(
 
 
 def test_rekeying_gives_old_lines_todays_keys_and_their_folders(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "rekey_sweeps", ROOT / "benchmarks" / "rekey_sweeps.py")
-    assert spec is not None and spec.loader is not None
-    rekey_sweeps = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rekey_sweeps)
+    rekey_sweeps = load_script(ROOT / "benchmarks" / "rekey_sweeps.py")
     sweep = parse('[grid]\nstrategy = ["ifca", "cfl"]\nseed = [0]')
     old_keys = ["0" * 16, "1" * 16]
     for old, cell in zip(old_keys, sweep.cells, strict=True):

@@ -62,7 +62,7 @@ INNER_PARAMS = (
 )
 # Attributes a checkpoint leaves out: Flower objects, built again from the
 # arguments; their per-cluster state is kept as data in ``inner_states``.
-_REBUILT = ("inner", "_inner_strategies", "_states_before")
+_REBUILT = ("inner", "_states_before")
 
 
 class InnerAggregationOption(ClusteredStrategy):
@@ -102,11 +102,11 @@ class InnerAggregationOption(ClusteredStrategy):
             self.inner = build_inner(self.inner_aggregation, self.inner_options)
         elif (problem := usable_problem(self.inner)) is not None:
             raise InnerAggregationError(f"inner: {problem}")
-        self._inner_strategies: dict[int, Strategy] = {}
+        # Per cluster, the plain-data state of its Flower strategy after its last round:
+        # the one source its copy is rebuilt from each round (and the checkpoint keeps).
+        self.inner_states: dict[int, dict[str, Any]] = {}
         # Per cluster, its state before its last aggregation (for aggregating it again).
         self._states_before: dict[int, dict[str, Any] | None] = {}
-        # Per cluster, the plain-data state of its Flower strategy after its last round.
-        self.inner_states: dict[int, dict[str, Any]] = {}
         self.inner_fallbacks: list[dict[str, Any]] = []
 
     def aggregate_cluster(
@@ -142,10 +142,7 @@ class InnerAggregationOption(ClusteredStrategy):
             return average_replies(replies, list(start.keys()), weighted=weighted)
         if not again:
             self._states_before[cluster] = self.inner_states.get(cluster)
-        state = self._states_before.get(cluster) if again else self.inner_states.get(cluster)
-        strategy = None if again else self._inner_strategies.get(cluster)
-        if strategy is None:
-            strategy = restored(self.inner, state)
+        strategy = restored(self.inner, self._states_before.get(cluster))
         why = too_few_members(strategy, len(replies))
         arrays = None
         if why is None:
@@ -158,13 +155,12 @@ class InnerAggregationOption(ClusteredStrategy):
             self.inner_fallbacks.append({"round": server_round, "cluster": cluster,
                                          "members": len(replies), "why": why})
             return average_replies(replies, list(start.keys()), weighted=weighted)
-        self._inner_strategies[cluster] = strategy
         self.inner_states[cluster] = strategy_state(strategy)
         return arrays
 
     def forget_inner(self, cluster: int) -> None:
         """Start cluster ``cluster``'s inner strategy afresh (it became another cluster)."""
-        for kept in (self._inner_strategies, self.inner_states, self._states_before):
+        for kept in (self.inner_states, self._states_before):
             kept.pop(cluster, None)
 
     def _seeded(
