@@ -34,6 +34,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import ServerApp
 
 from benchmarks.quickstart_pytorch import QUICKSTART_CLIENT, QUICKSTART_SERVER
+from fl_clusters.logical_grid import LogicalClientGrid
 from fl_clusters.loopback import LoopbackGrid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,19 +48,22 @@ def run_server(
     num_nodes: int,
     run_config: Mapping[str, Any],
     seed: int = 0,
+    pool: int = 0,
 ) -> LoopbackGrid:
     """Run ``server_app`` against ``num_nodes`` loopback nodes; return the grid.
 
     Every node runs in this process, one message after another, so seeding
     torch's generator once (the apps' initial weights, loader shuffles) makes
-    the whole run repeat.
+    the whole run repeat. ``pool`` > 0: the ``num_nodes`` are logical clients
+    served by that many nodes, the one line a user's ServerApp adds
+    (``LogicalClientGrid(grid, num_clients)``).
     """
     torch.manual_seed(seed)
-    grid = LoopbackGrid(client_app, num_nodes, run_config)
+    grid = LoopbackGrid(client_app, pool or num_nodes, run_config)
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config)
     )
-    server_app(grid, context)
+    server_app(LogicalClientGrid(grid, num_nodes) if pool else grid, context)
     return grid
 
 
@@ -278,14 +282,14 @@ def saved_models(folder: Path) -> list[Path]:
 
 
 def run_app(folder: Path, num_nodes: int, run_config: Mapping[str, Any],
-            seed: int = 0) -> Outcome:
+            seed: int = 0, pool: int = 0) -> Outcome:
     """Run the app :func:`write_app` wrote in ``folder`` (also its working directory), then
-    score the models it saved on every partition."""
+    score the models it saved on every partition (``pool``: :func:`run_server`'s)."""
     with app_package(folder), contextlib.chdir(folder):
         client_app = importlib.import_module("pytorchexample.client_app")
         server_app = importlib.import_module("pytorchexample.server_app")
         task = importlib.import_module("pytorchexample.task")
-        grid = run_server(server_app.app, client_app.app, num_nodes, run_config, seed)
+        grid = run_server(server_app.app, client_app.app, num_nodes, run_config, seed, pool)
         models = saved_models(folder)
         if not models:
             raise FileNotFoundError(f"the app saved no final_model*.pt in {folder}")

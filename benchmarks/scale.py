@@ -65,12 +65,17 @@ JOB = {"cluster-structure": "rotation", "num-clusters": 4, "copy-per-group": Tru
 
 def sampled_config(
     dataset: str, strategy: str, clients: int, sampled: int, rounds: int, results_dir: str,
-    overrides: dict[str, Any],
+    overrides: dict[str, Any], pool: int = 0,
 ) -> dict[str, Any]:
-    """The job's run config: ``sampled`` of ``clients`` train and evaluate a round."""
+    """The job's run config: ``sampled`` of ``clients`` train and evaluate a round.
+
+    ``pool`` > 0: the clients are logical (``num-clients``), served by ``pool`` nodes.
+    """
     fraction = sampled / clients
+    logical = {"num-clients": clients, "min-nodes": pool} if pool else {}
     return run_config(dataset, strategy, clients, rounds, results_dir, overrides={
-        **JOB, "fraction-train": fraction, "fraction-evaluate": fraction, **overrides,
+        **JOB, "fraction-train": fraction, "fraction-evaluate": fraction, **logical,
+        **overrides,
     })
 
 
@@ -137,15 +142,19 @@ def plain_loop(config: dict[str, Any], clients: int, sampled: int) -> dict[str, 
 
 def measure(
     dataset: str, strategy: str, clients: int, sampled: int, rounds: int, via: str,
-    overrides: dict[str, Any],
+    overrides: dict[str, Any], pool: int = 0,
 ) -> dict[str, Any]:
-    """One job: the federation, then the plain loop of the same sampled work."""
+    """One job: the federation, then the plain loop of the same sampled work.
+
+    ``pool`` > 0: logical clients on that many SuperNodes; 0: a SuperNode a client.
+    """
     results_dir = tempfile.mkdtemp(prefix="scale-")
     config = sampled_config(dataset, strategy, clients, sampled, rounds, results_dir,
-                            overrides)
+                            overrides, pool)
+    nodes = pool or clients
     try:
-        federation = (federation_flwr_run(config, clients) if via == "flwr-run"
-                      else federation_simulation(config, clients))
+        federation = (federation_flwr_run(config, nodes) if via == "flwr-run"
+                      else federation_simulation(config, nodes))
     finally:
         shutil.rmtree(results_dir)
     plain = plain_loop(config, clients, sampled)
@@ -156,6 +165,7 @@ def measure(
         "dataset": dataset,
         "strategy": strategy,
         "clients": clients,
+        "mode": f"logical clients on a pool of {pool} nodes" if pool else "a node a client",
         "sampled": sampled,
         "rounds": rounds,
         "via": via,
@@ -172,15 +182,16 @@ def measure(
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per job: start-up, seconds a round against the plain loop, bytes, memory."""
     lines = [
-        "| strategy | clients | sampled a round | start..R1 end s | s/sampled round | "
+        "| strategy | clients | mode | sampled a round | start..R1 end s | s/sampled round | "
         "last round s (every client evaluated) | plain s/round | MB sent / recv "
         "| tree peak RSS MB | ARI |",
-        "|" + "---|" * 10,
+        "|" + "---|" * 11,
     ]
     for row in rows:
         fed, summary = row["federation"], row["federation"]["summary"]
         lines.append(
-            f"| {row['strategy']} | {row['clients']} | {row['sampled']} "
+            f"| {row['strategy']} | {row['clients']} | {row.get('mode', 'a node a client')} "
+            f"| {row['sampled']} "
             f"| {fed['startup_to_round1_end_s']:.1f} | {row['sampled_round_mean_s']:.2f} "
             f"| {row['final_round_s']:.2f} "
             f"| {row['plain_loop']['round_mean_s']:.2f} "
@@ -202,6 +213,9 @@ def main() -> None:
     parser.add_argument("--data-root", default="",
                         help="folder of the data set's files ('' = the loader's default)")
     parser.add_argument("--via", choices=("flwr-run", "simulation"), default="flwr-run")
+    parser.add_argument("--pool", type=int, default=0,
+                        help="logical clients (num-clients) on this many SuperNodes; "
+                             "0 = a SuperNode a client")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more run-config keys for every job, as `flwr run --run-config` "
@@ -216,7 +230,8 @@ def main() -> None:
         for clients in args.clients:
             load_before = os.getloadavg()
             row = measure(args.dataset, strategy, clients, args.sampled, args.rounds, args.via,
-                          {"data-root": args.data_root, **run_config_overrides(args.run_config)})
+                          {"data-root": args.data_root, **run_config_overrides(args.run_config)},
+                          args.pool)
             row["measured"] = {"provenance": source, "load_average_before": load_before,
                                "load_average_after": os.getloadavg()}
             rows = [kept for kept in rows if job_key(kept) != job_key(row)] + [row]

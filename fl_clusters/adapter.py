@@ -32,6 +32,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from fl_clusters import protocol as p
+from fl_clusters.client.blocks import per_client
 from fl_clusters.client.choice import choose_for_evaluation, choose_for_training
 from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
 from fl_clusters.client.loader_learner import GRADIENT_REFUSED, LoaderLearner
@@ -205,8 +206,10 @@ class ClusteredClient:
             record_training(context, learner.device)
             return reply
 
-        setattr(wrapped, WRAPPED_AS, "train")
-        return wrapped
+        # A block of logical clients reaches the handler client by client.
+        served = wraps(handler)(per_client(wrapped))
+        setattr(served, WRAPPED_AS, "train")
+        return served
 
     def evaluate(self, handler: Handler) -> Handler:
         """Wrap a FedAvg-style ``@app.evaluate`` handler."""
@@ -228,8 +231,10 @@ class ClusteredClient:
             choice.add_metrics(self._reply_metrics(reply))
             return reply
 
-        setattr(wrapped, WRAPPED_AS, "evaluate")
-        return wrapped
+        # A block of logical clients reaches the handler client by client.
+        served = wraps(handler)(per_client(wrapped))
+        setattr(served, WRAPPED_AS, "evaluate")
+        return served
 
     def _warn_plain_m_step(self, user_training: UserTraining | None) -> None:
         """Say once why FedEM's M-step trains with plain SGD at the server's lr, if it does."""

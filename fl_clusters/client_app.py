@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 
 from fl_clusters.attacks import NodeRole, node_role
+from fl_clusters.client.blocks import serve_block
 from fl_clusters.client.fedem import fedem_evaluate, fedem_train, is_mixture
 from fl_clusters.client.node_data import check_node, learner_for, node_metadata
 from fl_clusters.client.queries import ClientNode, no_metadata, register_queries
@@ -110,7 +111,7 @@ def register_handlers(
     pass_ray_messages_inline()
     role_fn = role_fn or no_role
 
-    @app.train()
+    @app.train(mods=[serve_block])
     def train(message: Message, context: Context) -> Message:
         learner = learner_fn(context)
         trained = train_as(role_fn(context), learner, message, context)
@@ -118,7 +119,7 @@ def register_handlers(
             record_training(context, learner.device)
         return trained
 
-    @app.evaluate()
+    @app.evaluate(mods=[serve_block])
     def evaluate(message: Message, context: Context) -> Message:
         learner = learner_fn(context)
         if is_mixture(message):
@@ -144,7 +145,8 @@ def build_client_app(
         passes no run config, so tests and scripts set keys here).
     mods : list[Mod] | None
         Flower client mods wrapped around every handler (e.g. Flower's
-        ``message_size_mod``, or a fault injector in tests).
+        ``message_size_mod``, or a fault injector in tests); in the logical-clients
+        mode each sees one client's message.
     """
 
     def learner_fn(context: Context) -> TorchLearner:
@@ -159,7 +161,10 @@ def build_client_app(
     def role_fn(context: Context) -> NodeRole | None:
         return node_role(context, overrides)
 
-    return register_handlers(ClientApp(mods=mods), learner_fn, metadata_fn, check_fn, role_fn)
+    # serve_block outermost: every other mod (a fault injector...) sees one client's
+    # message, as on a node of its own.
+    return register_handlers(ClientApp(mods=[serve_block, *(mods or [])]), learner_fn,
+                             metadata_fn, check_fn, role_fn)
 
 
 app = build_client_app()

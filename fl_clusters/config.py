@@ -132,6 +132,16 @@ COMMON_KEYS: tuple[Param, ...] = (
           "scale (model replacement), backdoor, sybil", above=0.0, key="attack-scale"),
     Param("attack_target", 0, "int", "class the backdoor's trigger makes the model predict",
           low=0, key="attack-target"),
+    # Clients that are not nodes (fl_clusters.logical_grid, docs/performance.md).
+    Param("num_clients", 0, "int",
+          "logical clients served by the federation's SuperNodes as a pool, in blocks "
+          "(simulation only; 0 = one SuperNode a client)", low=0, key="num-clients"),
+    Param("samples_per_client", 0, "int",
+          "samples of its group each client gets, as IFCA's m x n split (0 = the data set "
+          "split over the clients)", low=0, key="samples-per-client"),
+    Param("report_clients", 1000, "int",
+          "clients the final report scores, a seeded sample (0 = every client)", low=0,
+          key="report-clients"),
     Param("torch_threads", 1, "int",
           "torch threads per client process; match client resources' num-cpus (0 = default)",
           low=0, key="torch-threads"),
@@ -399,5 +409,6 @@ def partition_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
         "rotation_step": settings["rotation-step"],
         "copy_per_group": settings["copy-per-group"],
         "group_sizes": parse_group_sizes(settings["group-sizes"]),
+        "samples_per_client": settings["samples-per-client"],
         "seed": settings["seed"],
     }

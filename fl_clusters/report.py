@@ -55,6 +55,25 @@ def report_query(
     return Message(content=content, dst_node_id=node, message_type=p.QUERY_REPORT)
 
 
+# Stream of the report's sample, mixed with the seed (data streams use 0-6).
+REPORT_SAMPLE_STREAM = 101
+
+
+def report_sample(
+    strategy: ServerStrategy, nodes: list[int], settings: Mapping[str, Any]
+) -> list[int]:
+    """The nodes the final report asks: every one, or ``report-clients`` drawn with the seed.
+
+    Drawn among the nodes in key order, so the same seed asks the same clients.
+    """
+    count = int(settings["report-clients"])
+    if count == 0 or count >= len(nodes):
+        return nodes
+    ordered = strategy.nodes.in_order(nodes)
+    rng = np.random.default_rng([int(settings["seed"]), REPORT_SAMPLE_STREAM])
+    return [ordered[int(i)] for i in np.sort(rng.choice(len(ordered), count, replace=False))]
+
+
 def collect_report(
     grid: Grid, strategy: ServerStrategy, arrays: ArrayRecord, nodes: list[int],
     settings: Mapping[str, Any],

@@ -102,7 +102,7 @@ def summarize(
 
 def node_fields(
     start: list[int], final: list[int], seen: set[int], rows: list[dict[str, Any]],
-    answered: set[int],
+    answered: set[int], asked: list[int] | None = None,
 ) -> dict[str, Any]:
     """Which nodes left, joined late, or sent no usable report (node ids).
 
@@ -119,13 +119,16 @@ def node_fields(
     answered : set[int]
         Nodes that replied to the report at all (a usable report, an error, or a
         malformed one).
+    asked : list[int] | None
+        The nodes the report asked (``report-clients`` of them); ``None``: ``final``.
     """
+    asked = final if asked is None else asked
     everyone = set(start) | set(seen) | set(final)
     reported = {int(r["node-id"]) for r in rows}
     late = sorted(everyone - set(start))
     # Gone from the grid, or still listed but silent at the report (a node that dies
     # stays listed until the SuperLink misses its heartbeats).
-    lost = sorted((everyone - set(final)) | (set(final) - answered))
+    lost = sorted((everyone - set(final)) | (set(asked) - answered))
     for node in lost:
         log(WARNING, "node %d left during the run: its cluster kept its model; no report", node)
     for row in rows:
@@ -133,7 +136,10 @@ def node_fields(
     return {
         "lost_nodes": lost,
         "late_nodes": late,
-        "unreported_nodes": sorted((set(final) & answered) - reported),
+        "unreported_nodes": sorted((set(asked) & answered) - reported),
+        # The report's sample: the scores of this summary are over its clients.
+        "report_asked": len(asked),
+        "report_of": len(final),
     }
 
 
@@ -215,18 +221,18 @@ def run_summary(
         The run's validated run config.
     grid : MeteredGrid
         The run's grid: its traffic and the nodes it listed.
-    nodes : tuple[list[int], list[int], set[int]]
-        The nodes connected at the start and at the report, and those that
-        answered the report (see :func:`node_fields`).
+    nodes : tuple[list[int], list[int], list[int], set[int]]
+        The nodes connected at the start and at the report, those the report
+        asked, and those that answered it (see :func:`node_fields`).
     wall_time_s : float
         Seconds the run took so far.
     resumed_after_round : int | None
         The round of the checkpoint the run resumed from, if any.
     """
-    start_nodes, final_nodes, answered = nodes
+    start_nodes, final_nodes, asked, answered = nodes
     summary = summarize(rows, result, settings["strategy"], settings)
     summary.update(strategy_fields(strategy, rows))
-    summary.update(node_fields(start_nodes, final_nodes, grid.nodes_seen, rows, answered))
+    summary.update(node_fields(start_nodes, final_nodes, grid.nodes_seen, rows, answered, asked))
     summary.update(history_fields(strategy, rows))
     summary.update(placement_fields(rows, summary["per_client_accuracy"], strategy.round_history()))
     summary["placement"] = placement_summary(rows)
@@ -370,7 +376,8 @@ def write_plugin_results(
     rows, answered = collect_report(metered, strategy, result.arrays, nodes, settings)
     if not rows:
         raise RuntimeError("no node answered the final report; see the log for their errors")
-    summary = run_summary(rows, result, strategy, settings, metered, (nodes, nodes, answered),
+    summary = run_summary(rows, result, strategy, settings, metered,
+                          (nodes, nodes, nodes, answered),
                           wall_time_s=float("nan"), resumed_after_round=None)
     write_results(Path(folder), settings, result, metered, rows, summary)
     strategy.write_artifacts(Path(folder))

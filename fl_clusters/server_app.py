@@ -32,10 +32,11 @@ from fl_clusters.errors import ConfigurationError, report_configuration_errors_i
 from fl_clusters.flower_log import log_client_errors_in_one_line
 from fl_clusters.grid import MeteredGrid
 from fl_clusters.handshake import NodeIdentities, identify_federation
+from fl_clusters.logical_grid import LogicalClientGrid, logical_identities
 from fl_clusters.models import build_model, model_to_arrays
 from fl_clusters.plots import write_run_plots
 from fl_clusters.progress import RoundProgress
-from fl_clusters.report import collect_report
+from fl_clusters.report import collect_report, report_sample
 from fl_clusters.results import (
     accuracy_by_round,
     print_summary,
@@ -220,9 +221,14 @@ def load_checkpoint(settings: Mapping[str, Any]) -> Checkpoint:
 
 
 def start_up(
-    grid: MeteredGrid, settings: Mapping[str, Any], resumed: Checkpoint | None
+    grid: MeteredGrid, settings: Mapping[str, Any], resumed: Checkpoint | None,
+    pool: Grid | None = None,
 ) -> tuple[ServerStrategy, list[int], NodeIdentities]:
     """Wait for the nodes, build (or resume) the strategy and run the handshake.
+
+    With ``pool`` (Flower's grid under a :class:`LogicalClientGrid`) the nodes
+    waited for are the pool's, and the clients are known by their ids
+    (:func:`~fl_clusters.logical_grid.logical_identities`): one client is asked.
 
     Returns
     -------
@@ -236,14 +242,21 @@ def start_up(
         If the run cannot start (:func:`check_can_start`).
     """
     started = time.monotonic()
-    nodes = wait_for_nodes(grid, settings["min-nodes"])
+    if pool is None:
+        nodes = wait_for_nodes(grid, settings["min-nodes"])
+    else:
+        pool_nodes = wait_for_nodes(pool, 1)
+        nodes = list(grid.get_node_ids())
+        log(INFO, "start-up: %d logical clients on a pool of %d nodes", len(nodes),
+            len(pool_nodes))
     # Start-up's phases in the log, so that a large federation shows where its wait goes.
     log(INFO, "start-up: %d nodes connected after %.1f s", len(nodes), time.monotonic() - started)
     # min-nodes is also the floor each round needs (the strategies' min_available_nodes):
     # rounds go on with the nodes that are there when one leaves.
     strategy = build_configured_strategy(settings) if resumed is None else resumed.strategy
     asked = time.monotonic()
-    identities = identify_federation(grid, nodes, settings["round-timeout"])
+    identities = (identify_federation(grid, nodes, settings["round-timeout"]) if pool is None
+                  else logical_identities(grid, len(nodes), settings["round-timeout"]))
     log(INFO, "start-up: handshake with %d nodes took %.1f s", len(nodes),
         time.monotonic() - asked)
     check_can_start(strategy, nodes, identities)
@@ -297,6 +310,10 @@ def run_federation(
         # The nodes refuse too (fl_clusters.attacks.node_role); this says it before
         # anything is written.
         raise ConfigurationError(deployment_refusal(settings["attack"], "ServerApp"))
+    if settings["num-clients"] and not simulation_grid(grid):
+        raise ConfigurationError(
+            "run-config key 'num-clients' (logical clients served by a pool) is for "
+            "simulations only: a deployed SuperNode is one device; set num-clients=0")
     # A bad resume-from or results-dir fails before any wait for nodes.
     resumed = load_checkpoint(settings) if settings["resume-from"] else None
     folder = create_results_folder(settings)
@@ -314,8 +331,13 @@ def _run_into(
     start: float, recipe: RecipeOutcome | None,
 ) -> Path:
     """:func:`run_federation` once its results folder exists."""
+    logical = settings["num-clients"] > 0
+    pool = grid
+    if logical:
+        grid = LogicalClientGrid(grid, settings["num-clients"])
     metered = MeteredGrid(grid, settings["max-in-flight"] or None)
-    strategy, nodes, identities = start_up(metered, settings, resumed)
+    strategy, nodes, identities = start_up(metered, settings, resumed,
+                                           pool if logical else None)
     # Time left comes from the rounds this process ran: a resumed run's earlier
     # rounds have no time here.
     progress = RoundProgress(settings["num-rounds"], identities.groups)
@@ -323,11 +345,13 @@ def _run_into(
     # The report goes to the nodes connected now: one that left would only hold it
     # up to the timeout, one that joined mid-run is scored like the others.
     final_nodes = sorted(metered.get_node_ids())
-    rows, answered = collect_report(metered, strategy, result.arrays, final_nodes, settings)
+    asked = report_sample(strategy, final_nodes, settings)
+    rows, answered = collect_report(metered, strategy, result.arrays, asked, settings)
     if not rows:
         raise RuntimeError("no node answered the final report; see the log for their errors")
     summary = run_summary(
-        rows, result, strategy, settings, metered, (rounds.start_nodes, final_nodes, answered),
+        rows, result, strategy, settings, metered,
+        (rounds.start_nodes, final_nodes, asked, answered),
         wall_time_s=time.time() - start,
         resumed_after_round=None if resumed is None else resumed.server_round,
     )

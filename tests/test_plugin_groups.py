@@ -73,6 +73,21 @@ def test_plugged_strategy_finds_the_groups_in_the_quickstart(
     assert min(accuracy) >= 0.5 and np.mean(accuracy) >= FEDAVG_MEAN + 0.15, accuracy
 
 
+@pytest.mark.slow
+def test_plugged_ifca_serves_logical_clients_with_the_quickstarts_own_loaders(
+    tmp_path: Path,
+) -> None:
+    """The quickstart, unchanged but for the plug-in lines, as 6 logical clients on a
+    pool of 2 nodes: its loaders get each client's partition-id and num-partitions."""
+    torch.set_num_threads(1)
+    folder = write_app(tmp_path, plugged_diffs("IFCA"))
+    config = {**QUICKSTART_CONFIG, "num-server-rounds": ROUNDS}
+    outcome = run_app(folder, NODES, config, pool=2)
+    assert len(outcome.grid.contexts) == 2
+    assert adjusted_rand_score(outcome.groups, outcome.chosen) == 1.0, outcome
+    assert min(outcome.accuracy) >= 0.5 and np.mean(outcome.accuracy) >= FEDAVG_MEAN + 0.15
+
+
 def _record_assignments(monkeypatch: pytest.MonkeyPatch) -> dict[int, dict[int, int]]:
     """Per round, each partition's cluster as the server's train messages name it."""
     rounds: dict[int, dict[int, int]] = {}

@@ -248,7 +248,8 @@ def test_malformed_reports_are_left_out_and_listed(server_identity: None) -> Non
     assert rows[0]["assigned"] == 1  # lowest training loss
     fields = node_fields([1, 2, 3, 4, 5, 9], [1, 2, 3, 4, 5], {1, 2, 3, 4, 5, 9}, rows,
                          answered)
-    assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4, 5]}
+    assert fields == {"lost_nodes": [9], "late_nodes": [], "unreported_nodes": [2, 3, 4, 5],
+                      "report_asked": 5, "report_of": 5}
     assert set(report_fields(2)) >= {"test-accuracy", "train-loss", "num-test"}
 
 
@@ -280,9 +281,14 @@ def test_a_report_naming_another_partition_is_filed_under_its_own(
 def test_late_nodes_are_marked_in_the_report_rows() -> None:
     rows = [{"node-id": 1}, {"node-id": 7}]
     fields = node_fields([1, 2], [1, 7], {1, 2, 7}, rows, {1, 7})
-    assert fields == {"lost_nodes": [2], "late_nodes": [7], "unreported_nodes": []}
+    assert fields == {"lost_nodes": [2], "late_nodes": [7], "unreported_nodes": [],
+                      "report_asked": 2, "report_of": 2}
     # A node still listed but silent at the report is lost, not unreported.
     assert node_fields([1, 2], [1, 2], {1, 2}, rows[:1], {1})["lost_nodes"] == [2]
+    # A node the report's sample left out is neither lost nor unreported.
+    sampled = node_fields([1, 2, 3], [1, 2, 3], {1, 2, 3}, rows[:1], {1}, asked=[1])
+    assert sampled["lost_nodes"] == sampled["unreported_nodes"] == []
+    assert (sampled["report_asked"], sampled["report_of"]) == (1, 3)
     assert [r["late"] for r in rows] == [False, True]
 
 

@@ -23,6 +23,7 @@ from flwr.common.constant import ErrorCode
 
 from fl_clusters import protocol as p
 from fl_clusters.client.backdoor import backdoor_success
+from fl_clusters.client.blocks import serve_block
 from fl_clusters.client.choice import training_losses
 from fl_clusters.client.fedem import mixture_scores, mixture_weights_for, stored_mixture_weights
 from fl_clusters.client.task import candidate_models, local_model, node_key, reply, task_config
@@ -348,4 +349,6 @@ def register_queries(app: ClientApp, node: ClientNode) -> None:
     :data:`QUERIES` fails here, when the app is built.
     """
     for message_type in p.QUERY_TYPES:
-        app.query(p.action_of(message_type))(partial(QUERIES[message_type], node))
+        # serve_block: a block of logical clients is answered client by client.
+        app.query(p.action_of(message_type), mods=[serve_block])(
+            partial(QUERIES[message_type], node))

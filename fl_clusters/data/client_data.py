@@ -95,13 +95,17 @@ def transformed(
 
 def train_mixture(plan: Plan, client_id: int) -> np.ndarray:
     """The share of each source in client ``client_id``'s train split, from the plan alone."""
-    counts = np.bincount(plan.clients[client_id].train_sources, minlength=plan.num_groups)
+    return _mixture(plan.client(client_id), plan.num_groups)
+
+
+def _mixture(client: ClientPlan, num_groups: int) -> np.ndarray:
+    counts = np.bincount(client.train_sources, minlength=num_groups)
     return counts.astype(np.float64) / counts.sum()
 
 
 def materialize(dataset: ImageDataset, plan: Plan, client_id: int) -> ClientData:
     """Client ``client_id``'s images and labels, as its plan says."""
-    client = plan.clients[client_id]
+    client = plan.client(client_id)
     # Train, test and validation labels of a noisy client come from separate noise streams.
     x_train, y_train = transformed(
         dataset, plan, client, client.train_idx, client.train_sources, 2 * client_id
@@ -109,11 +113,11 @@ def materialize(dataset: ImageDataset, plan: Plan, client_id: int) -> ClientData
     x_test, y_test = transformed(
         dataset, plan, client, client.test_idx, client.test_sources, 2 * client_id + 1
     )
-    val_stream = 2 * (len(plan.clients) + client_id)
+    val_stream = 2 * (plan.num_clients + client_id)
     x_val, y_val = transformed(
         dataset, plan, client, client.val_idx, client.val_sources, val_stream
     )
-    mixture = train_mixture(plan, client_id)
+    mixture = _mixture(client, plan.num_groups)
     return ClientData(
         x_train=x_train,
         y_train=y_train,

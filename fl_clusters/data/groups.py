@@ -10,10 +10,12 @@ from fl_clusters.data.spec import HARD_STRUCTURES, PERMUTATION_STRUCTURES
 
 def client_groups(
     structure: str, num_clients: int, num_groups: int, group_sizes: tuple[float, ...] | None
-) -> list[int]:
-    """Every client's group: ``i % num_groups``, or consecutive blocks sized by shares."""
+) -> np.ndarray:
+    """Every client's group (int64): ``i % num_groups``, or consecutive blocks sized by shares."""
     if group_sizes is None:
-        return [0 if structure == "none" else c % num_groups for c in range(num_clients)]
+        if structure == "none":
+            return np.zeros(num_clients, dtype=np.int64)
+        return np.arange(num_clients, dtype=np.int64) % num_groups
     if structure not in HARD_STRUCTURES:
         raise ValueError(
             f"group_sizes={group_sizes} applies to the hard structures 'rotation' and "
@@ -38,7 +40,7 @@ def client_groups(
     for group in np.flatnonzero(counts == 0):
         counts[np.argmax(counts)] -= 1
         counts[group] = 1
-    return np.repeat(np.arange(num_groups), counts).tolist()
+    return np.repeat(np.arange(num_groups, dtype=np.int64), counts)
 
 
 def client_proportions(

@@ -77,12 +77,17 @@ class ImageDataset:
         int64 labels, shape ``(N,)``, in ``[0, num_classes)``.
     num_classes : int
         Number of classes.
+    ids : np.ndarray | None
+        The user (writer, device...) of every sample, shape ``(N,)``, for a natural
+        partition (``natural_ids``: one client per user); ``None`` where the data set
+        has no such column, as every loader here.
     """
 
     name: str
     x: np.ndarray
     y: np.ndarray
     num_classes: int
+    ids: np.ndarray | None = None
 
 
 def load_dataset(name: str, data_root: str | None = None, download: bool = False) -> ImageDataset:

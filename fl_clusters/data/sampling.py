@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fl_clusters.data.spec import MIN_CLIENT_SAMPLES
+from fl_clusters.data.pieces import shard_bounds
+from fl_clusters.data.spec import MIN_CLIENT_SAMPLES, held_out_sizes
 
 # Distinct streams of randomness, mixed with the seed (and client id).
 (
@@ -31,6 +32,11 @@ def stream_rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, *stream])
 
 
+def shuffled(num_samples: int, seed: int) -> np.ndarray:
+    """The seeded shuffle of a data set's sample indices that IID splits cut, int64."""
+    return stream_rng(seed, STREAM_SHUFFLE).permutation(num_samples).astype(np.int64)
+
+
 def split_samples(
     labels: np.ndarray, num_clients: int, dirichlet_alpha: float, seed: int
 ) -> list[np.ndarray]:
@@ -42,8 +48,9 @@ def split_samples(
     instead of one shard call per client (3 ms each, 30 s at 10,000 clients).
     """
     if dirichlet_alpha == 0.0:
-        order = stream_rng(seed, STREAM_SHUFFLE).permutation(len(labels))
-        return [shard.astype(np.int64) for shard in np.array_split(order, num_clients)]
+        order = shuffled(len(labels), seed)
+        starts, lengths = shard_bounds(len(labels), num_clients, np.arange(num_clients))
+        return [order[start : start + size] for start, size in zip(starts, lengths, strict=True)]
     import datasets as hf_datasets
     from flwr_datasets.partitioner import DirichletPartitioner
 
@@ -90,30 +97,6 @@ def split_group_copies(
     return indices
 
 
-def split_source_copies(
-    num_samples: int, proportions: np.ndarray, seed: int
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Divide every source's copy of the data set among clients by their share of it.
-
-    Client ``k`` gets ``proportions[k, s] / proportions[:, s].sum()`` of source ``s``'s
-    shuffled copy, so its sample count is about ``num_groups * num_samples /
-    num_clients`` and its mixture follows its proportions.
-    """
-    num_clients, num_sources = proportions.shape
-    pieces: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for source in range(num_sources):
-        order = stream_rng(seed, STREAM_COPY, source).permutation(num_samples)
-        shares = proportions[:, source] / proportions[:, source].sum()
-        bounds = np.round(np.concatenate([[0.0], np.cumsum(shares)]) * num_samples).astype(int)
-        for client in range(num_clients):
-            pieces[client].append(order[bounds[client] : bounds[client + 1]])
-    indices = [np.concatenate(p) for p in pieces]
-    sources = [
-        np.concatenate([np.full(len(part), s) for s, part in enumerate(p)]) for p in pieces
-    ]
-    return indices, sources
-
-
 def sample_roles(
     num_samples: int, test_fraction: float, validation_fraction: float, seed: int
 ) -> np.ndarray:
@@ -137,31 +120,37 @@ def held_out_positions(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Positions in ``indices`` of the client's test, validation and train samples.
 
-    Without ``roles`` the client draws its own held-out shares; with them (one role
-    per sample of the data set, see :func:`sample_roles`) a sample keeps its role.
+    Without ``roles`` the client draws its own held-out shares
+    (:func:`~fl_clusters.data.spec.held_out_sizes`); with them (one role per sample
+    of the data set, see :func:`sample_roles`) a sample keeps its role, and
+    :func:`missing_held_out` tells a client that lacks one.
     """
     order = stream_rng(seed, STREAM_TEST, client).permutation(len(indices))
     if roles is not None:
         by_role = [order[roles[indices[order]] == role] for role in range(3)]
-        needed = (True, validation_fraction > 0, True)
-        fixes = (
-            "raise test_fraction (run-config key test-fraction)",
-            "raise validation_fraction (run-config key validation-fraction), or set it to "
-            "0 for no validation split (only ACFL reads one)",
-            "lower test_fraction or validation_fraction (run-config keys test-fraction, "
-            "validation-fraction)",
-        )
-        for role, name in enumerate(("test", "validation", "train")):
-            if needed[role] and len(by_role[role]) == 0:
-                raise ValueError(
-                    f"client {client} got no {name} sample out of its {len(indices)}. Fix: "
-                    f"{fixes[role]}, or run fewer clients (simulation: num-supernodes)"
-                )
         return by_role[ROLE_TEST], by_role[ROLE_VALIDATION], by_role[ROLE_TRAIN]
-    # At least one test and one train sample, whatever the rounding.
-    num_test = min(max(round(test_fraction * len(indices)), 1), len(indices) - 1)
-    num_val = min(round(validation_fraction * len(indices)), len(indices) - num_test - 1)
-    if validation_fraction > 0:
-        num_val = max(num_val, 1)
+    num_test, num_val = held_out_sizes(len(indices), test_fraction, validation_fraction)
     held_out = num_test + num_val
     return order[:num_test], order[num_test:held_out], order[held_out:]
+
+
+def missing_held_out(client: int, role: int, size: int, sized: bool) -> str:
+    """Why client ``client`` of ``size`` samples cannot be planned: it lacks ``role``.
+
+    ``sized``: the clients got ``samples_per_client`` samples, so more of them (not
+    fewer clients) is the other fix.
+    """
+    fix = (
+        "raise test_fraction (run-config key test-fraction)",
+        "raise validation_fraction (run-config key validation-fraction), or set it to "
+        "0 for no validation split (only ACFL reads one)",
+        "lower test_fraction or validation_fraction (run-config keys test-fraction, "
+        "validation-fraction)",
+    )[role]
+    more = (
+        "raise samples_per_client (run-config key samples-per-client)"
+        if sized
+        else "run fewer clients (simulation: num-supernodes)"
+    )
+    name = ("test", "validation", "train")[role]
+    return f"client {client} got no {name} sample out of its {size}. Fix: {fix}, or {more}"

@@ -96,6 +96,26 @@ class PartitionSpec:
         then holds ``round(share_g * num_clients)`` consecutive client ids (largest
         remainders, at least one client each) instead of the clients ``i`` with
         ``i % num_groups == g``. ``None`` keeps equal groups.
+    samples_per_client : int
+        0 splits the data set (each group's copy with ``copy_per_group``) over the
+        clients. ``n > 0`` gives every client ``n`` samples, as IFCA's m x n split:
+        the clients that share a copy (or the data set) take consecutive slices of
+        ``n`` of its seeded shuffle, disjoint while they fit and wrapping around it
+        beyond (then clients share samples, each client's ``n`` staying distinct;
+        :attr:`~fl_clusters.data.plan.Plan.overlapping` says so and a warning is
+        logged). A mixture's copies give a client its share of ``n`` from each
+        source's copy, in the same way. At least the fewest samples that split
+        into a test and a train sample (2; 3 with a validation split), at most
+        the data set's size; IID only (``dirichlet_alpha`` 0). With
+        ``copy_per_group`` the shuffles spread the test and validation samples
+        evenly, so that every slice gets its share of each.
+    natural_ids : bool
+        One client per distinct value of the data set's per-sample ``ids`` (a user
+        or writer column), as flwr-datasets' ``NaturalIdPartitioner``: client ``k``
+        holds the samples of the ``k``-th id in sorted order. The data set must
+        carry ids, their count must be the number of clients and each user needs
+        enough samples for a test and a train split; not with ``dirichlet_alpha``,
+        ``copy_per_group`` or ``samples_per_client``.
     seed : int
         Seed of every random draw, >= 0.
     """
@@ -110,6 +130,8 @@ class PartitionSpec:
     rotation_step: float = 0.0
     copy_per_group: bool = False
     group_sizes: tuple[float, ...] | None = None
+    samples_per_client: int = 0
+    natural_ids: bool = False
     seed: int = 0
 
     @property
@@ -247,6 +269,48 @@ def _check_size(dataset: ImageDataset, num_clients: int, spec: PartitionSpec) ->
             f"structure {spec.structure!r} (its sources' copies are split IID); use "
             f"dirichlet_alpha=0 or copy_per_group=False"
         )
+    check_int("samples_per_client", spec.samples_per_client, minimum=0)
+    if not isinstance(spec.natural_ids, bool | np.bool_):
+        raise ValueError(f"natural_ids={spec.natural_ids!r} is invalid; allowed: True or False")
+    if spec.natural_ids:
+        _check_natural(dataset, num_clients, spec)
+    elif spec.samples_per_client > 0:
+        _check_samples_per_client(dataset, spec)
+    else:
+        _check_split_size(dataset, num_clients, spec)
+
+
+def held_out_sizes(
+    size: Any, test_fraction: float, validation_fraction: float
+) -> tuple[Any, Any]:
+    """Test and validation sample counts of a client of ``size`` samples (an int or array).
+
+    At least one test sample and, with a validation split, one validation sample;
+    the test split leaves at least one sample, the validation split one more.
+    """
+    num_test = np.minimum(np.maximum(np.round(test_fraction * size), 1), size - 1)
+    num_val = np.minimum(np.round(validation_fraction * size), size - num_test - 1)
+    if validation_fraction > 0:
+        num_val = np.maximum(num_val, 1)
+    return num_test.astype(np.int64), num_val.astype(np.int64)
+
+
+def splits_fit(size: Any, test_fraction: float, validation_fraction: float) -> Any:
+    """Whether a client of ``size`` samples (an int or array) gets a test and a train sample."""
+    num_test, num_val = held_out_sizes(size, test_fraction, validation_fraction)
+    return (num_test >= 1) & (size - num_test - num_val >= 1)
+
+
+def smallest_client(test_fraction: float, validation_fraction: float) -> int:
+    """The fewest samples a client splits into a test and a train sample (:func:`splits_fit`)."""
+    size = 2
+    while not splits_fit(size, test_fraction, validation_fraction):
+        size += 1
+    return size
+
+
+def _check_split_size(dataset: ImageDataset, num_clients: int, spec: PartitionSpec) -> None:
+    """Enough samples for every client when the data set is split over the clients."""
     num_samples = len(dataset.y)
     # With copies each group splits the whole data set over its own clients only.
     copies_per_split = (
@@ -258,4 +322,66 @@ def _check_size(dataset: ImageDataset, num_clients: int, spec: PartitionSpec) ->
             f"{num_samples} samples: each client needs at least {MIN_CLIENT_SAMPLES}; use "
             f"num_clients <= {num_samples // MIN_CLIENT_SAMPLES * copies_per_split} or a "
             f"larger data set"
+        )
+
+
+def _check_samples_per_client(dataset: ImageDataset, spec: PartitionSpec) -> None:
+    """``samples_per_client`` fits the data set and a client's held-out splits."""
+    wanted = spec.samples_per_client
+    if spec.dirichlet_alpha > 0.0:
+        raise ValueError(
+            f"samples_per_client={wanted} takes IID slices of the data set and cannot be "
+            f"combined with dirichlet_alpha={spec.dirichlet_alpha}; set one of them to 0 "
+            f"(run-config keys samples-per-client, dirichlet-alpha)"
+        )
+    if not splits_fit(wanted, spec.test_fraction, spec.validation_fraction):
+        smallest = smallest_client(spec.test_fraction, spec.validation_fraction)
+        held_out = "test, one validation" if spec.validation_fraction > 0 else "test"
+        raise ValueError(
+            f"samples_per_client={wanted} is too small: a client needs at least {smallest} "
+            f"samples for one {held_out} and one train sample at test_fraction="
+            f"{spec.test_fraction}, validation_fraction={spec.validation_fraction}; allowed: 0 "
+            f"(split the data set over the clients) or at least {smallest} (run-config key "
+            f"samples-per-client)"
+        )
+    if wanted > len(dataset.y):
+        raise ValueError(
+            f"samples_per_client={wanted} exceeds the {len(dataset.y)} samples of "
+            f"{dataset.name!r} a client draws from; allowed: at most {len(dataset.y)}, or 0 "
+            f"to split the data set over the clients (run-config key samples-per-client)"
+        )
+
+
+def _check_natural(dataset: ImageDataset, num_clients: int, spec: PartitionSpec) -> None:
+    """Per-sample ids, one client per id, and enough samples for every user."""
+    if dataset.ids is None or len(dataset.ids) != len(dataset.y):
+        have = "none" if dataset.ids is None else f"{len(dataset.ids)} for {len(dataset.y)} samples"
+        raise ValueError(
+            f"natural_ids needs one id (user or writer) per sample; {dataset.name!r} has "
+            f"{have}. Fix: set natural_ids=False, or load a "
+            f"data set with an id column"
+        )
+    mixed = {"dirichlet_alpha": spec.dirichlet_alpha > 0.0, "copy_per_group": spec.copies,
+             "samples_per_client": spec.samples_per_client > 0}
+    if any(mixed.values()):
+        clash = ", ".join(name for name, on in mixed.items() if on)
+        raise ValueError(
+            f"natural_ids gives each user's own samples to one client and cannot be "
+            f"combined with {clash}; turn those off or set natural_ids=False"
+        )
+    users, sizes = np.unique(dataset.ids, return_counts=True)
+    if len(users) != num_clients:
+        raise ValueError(
+            f"natural_ids gives one client per user: {dataset.name!r} has {len(users)} users "
+            f"but num_clients={num_clients}. Fix: run {len(users)} clients (simulation: "
+            f"num-supernodes or num-clients={len(users)}), or set natural_ids=False"
+        )
+    short = np.flatnonzero(~splits_fit(sizes, spec.test_fraction, spec.validation_fraction))
+    if len(short):
+        user = int(short[0])
+        smallest = smallest_client(spec.test_fraction, spec.validation_fraction)
+        raise ValueError(
+            f"user {users[user].item()!r} (client {user}) of {dataset.name!r} has {sizes[user]} "
+            f"sample(s); each needs at least {smallest} for its held-out and train splits. "
+            f"Fix: drop the data set's users with fewer samples"
         )
