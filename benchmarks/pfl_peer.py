@@ -95,11 +95,10 @@ class Users:
     """
 
     def __init__(self, root: Path, seed: int) -> None:
-        files = [root / f"{part}-{kind}-idx{dims}-ubyte" for part in ("train", "t10k")
-                 for kind, dims in (("images", 3), ("labels", 1))]
         x_train, y_train, x_test, y_test = (
-            read_idx(f.with_name(f.name + ".gz") if f.with_name(f.name + ".gz").exists() else f)
-            for f in files)
+            read_idx(next(f for f in (root / f"{stem}.gz", root / stem) if f.exists()))
+            for stem in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"))
         self.images = np.concatenate([x_train, x_test])
         self.labels = np.concatenate([y_train, y_test]).astype(np.int64)
         rng = np.random.default_rng(seed)
@@ -154,7 +153,7 @@ class MLP(torch.nn.Module):
         return {"loss": Weighted(loss, len(y)), "accuracy": Weighted(correct, len(y))}
 
 
-def _timing_callback(start: float) -> Any:
+def _timing_callback() -> Any:
     """A pfl callback that marks the end of every round and keeps the last metrics."""
     from pfl.callback.base import TrainingProcessCallback
     from pfl.metrics import Metrics
@@ -200,7 +199,7 @@ def pfl_job(args: argparse.Namespace) -> dict[str, Any]:
     params = NNAlgorithmParams(
         central_num_iterations=args.rounds, evaluation_frequency=1 if evaluate else 10**9,
         train_cohort_size=args.sampled, val_cohort_size=args.sampled if evaluate else None)
-    marks = _timing_callback(time.monotonic())
+    marks = _timing_callback()
     start = time.monotonic()
     FederatedAveraging().run(
         algorithm_params=params,
@@ -233,25 +232,19 @@ def plain_job(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     users = Users(args.data_root, args.seed)
     model = MLP()
-    params = list(model.parameters())
-    current = [p.detach().clone() for p in params]
+    flat, unflat = torch.nn.utils.parameters_to_vector, torch.nn.utils.vector_to_parameters
+    current = flat(model.parameters()).detach().clone()
     ends, accuracy, start = [], None, time.monotonic()
     for _ in range(args.rounds):
-        total = [torch.zeros_like(c) for c in current]
+        total = torch.zeros_like(current)
         drawn = rng.integers(0, args.users, size=args.sampled)
         for user in drawn:
-            with torch.no_grad():
-                for p, c in zip(params, current, strict=True):
-                    p.copy_(c)
+            unflat(current.clone(), model.parameters())
             _train_user(model, *users.arrays(int(user), "train"))
-            with torch.no_grad():
-                for t, p, c in zip(total, params, current, strict=True):
-                    t += p - c
-        current = [c + t / len(drawn) for c, t in zip(current, total, strict=True)]
+            total += flat(model.parameters()).detach() - current
+        current = current + total / len(drawn)
         if args.evaluate == "each-round":
-            with torch.no_grad():
-                for p, c in zip(params, current, strict=True):
-                    p.copy_(c)
+            unflat(current.clone(), model.parameters())
             correct = sum(model.scores(*map(torch.from_numpy, users.arrays(int(u), "test")))[1]
                           for u in rng.integers(0, args.users, size=args.sampled))
             accuracy = correct / (args.sampled * TEST_PER_USER)
@@ -278,7 +271,7 @@ def _version(package: str) -> str | None:
 
 def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                          check=True).stdout.strip()
+                          check=True).stdout
 
 
 def provenance() -> dict[str, Any]:
@@ -290,9 +283,9 @@ def provenance() -> dict[str, Any]:
         and not line[3:].startswith("benchmarks/measured/"))
     return {
         "command": [sys.executable, *sys.argv], "cwd": os.getcwd(),
-        "commit": _git("rev-parse", "HEAD"), "dirty": bool(changed), "changed_code": changed,
+        "commit": _git("rev-parse", "HEAD").strip(), "dirty": bool(changed),
+        "changed_code": changed, "cores": os.cpu_count(),
         "date": datetime.now(UTC).replace(microsecond=0).isoformat(),
-        "cores": os.cpu_count(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "platform": platform.platform(), "python": platform.python_version(),
         "executable": sys.executable,
@@ -340,6 +333,7 @@ def run_job(framework: str, users: int, processes: int, args: argparse.Namespace
     return {
         "framework": framework, "users": users, "sampled": args.sampled, "rounds": args.rounds,
         "processes": processes, "evaluate": args.evaluate_mode,
+        "torch_threads_asked": args.torch_threads,
         "startup_to_round1_end_s": ends[0] - t0,
         "round_mean_s": float(np.mean(round_s[1:] or round_s)),
         "round_mean_over": "rounds 2..N" if len(round_s) > 1 else "round 1 (only one round)",
@@ -374,19 +368,21 @@ def describe(framework: str, processes: int, args: argparse.Namespace) -> str:
 
 def job_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two rows the same job."""
-    return tuple(row[k] for k in ("framework", "users", "sampled", "rounds", "processes",
-                                  "evaluate"))
+    return tuple(row.get(k, 0) for k in ("framework", "users", "sampled", "rounds", "processes",
+                                         "evaluate", "torch_threads_asked"))
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per job."""
-    lines = ["| framework | users | processes | evaluate | start..R1 end s | s/round "
-             "| accuracy | tree peak RSS MB |", "|" + "---|" * 8]
+    lines = ["| framework | users | processes | evaluate | torch threads | start..R1 end s "
+             "| s/round | accuracy | tree peak RSS MB |", "|" + "---|" * 9]
     for r in rows:
         accuracy = "-" if r["accuracy"] is None else f"{r['accuracy']:.3f}"
+        threads = ",".join(map(str, r["torch_threads"]))
         lines.append(f"| {r['framework']} | {r['users']} | {r['processes']} | {r['evaluate']} "
-                     f"| {r['startup_to_round1_end_s']:.2f} | {r['round_mean_s']:.3f} "
-                     f"| {accuracy} | {r['memory']['tree_peak_rss_mb']:.0f} |")
+                     f"| {threads} | {r['startup_to_round1_end_s']:.2f} "
+                     f"| {r['round_mean_s']:.3f} | {accuracy} "
+                     f"| {r['memory']['tree_peak_rss_mb']:.0f} |")
     return "\n".join(lines)
 
 

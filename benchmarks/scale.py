@@ -106,9 +106,10 @@ def _plain_child(config: dict[str, Any], clients: int, sampled: int, t0: float,
         train = drawn()
         models = plain_round([learners[c] for c in train], models, settings, server_round,
                              num_clusters, [known[c] for c in train])
-        evaluate = drawn()
-        accuracy = plain_evaluate([learners[c] for c in evaluate], models,
-                                  [known[c] for c in evaluate])
+        if settings["fraction-evaluate"] > 0:  # the federation's rounds evaluate too
+            evaluate = drawn()
+            accuracy = plain_evaluate([learners[c] for c in evaluate], models,
+                                      [known[c] for c in evaluate])
         round_s.append(time.monotonic() - round_start)
     conn.send({
         "start": start,

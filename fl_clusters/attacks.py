@@ -45,7 +45,7 @@ from fl_clusters import loopback
 from fl_clusters import protocol as p
 from fl_clusters.client.backdoor import KEPT, split_tensors, stamp_trigger, trigger_value
 from fl_clusters.client.queries import BACKDOOR_TARGET
-from fl_clusters.config import ATTACKS, parse_group_sizes, parse_run_config
+from fl_clusters.config import ATTACKS, cached_run_config, parse_group_sizes
 from fl_clusters.data.groups import client_groups
 from fl_clusters.errors import FederationProblem
 from fl_clusters.learner import TorchLearner
@@ -328,7 +328,7 @@ def node_role(context: Context, overrides: Mapping[str, Any] | None = None) -> N
         without ``partition-id`` and ``num-partitions``: every node says the same,
         so the handshake stops the run before round 1.
     """
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    settings = cached_run_config({**context.run_config, **(overrides or {})})
     kind = settings["attack"]
     if kind == NONE:
         return None

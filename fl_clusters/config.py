@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from logging import INFO
+from types import MappingProxyType
 from typing import Any
 
 from flwr.common.logger import log
@@ -394,6 +395,23 @@ def parse_group_sizes(text: str) -> tuple[float, ...] | None:
         raise ParamError("group-sizes", "'' or comma-separated positive numbers, one per "
                          "group, e.g. '0.4,0.3,0.2,0.1'", text, key=True)
     return shares
+
+
+@lru_cache(maxsize=8)
+def _parsed(items: tuple[tuple[str, Any], ...]) -> Mapping[str, Any]:
+    return MappingProxyType(parse_run_config(dict(items)))
+
+
+def cached_run_config(run_config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """:func:`parse_run_config`, read-only, parsed once per distinct run config.
+
+    A ClientApp parses its run config on every message, and a pool node serving a
+    block of logical clients handles the same run config for each of them.
+    """
+    try:
+        return _parsed(tuple(sorted(run_config.items())))
+    except TypeError:  # an unhashable value (a list): parse it every time
+        return parse_run_config(run_config)
 
 
 def partition_settings(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 from torch import nn
 
 
@@ -101,7 +104,26 @@ def model_to_arrays(model: nn.Module) -> ArrayRecord:
     return ArrayRecord(model.state_dict())
 
 
+# Array object id -> (a weak reference to it, its decoded values). A pool node serving a
+# block of logical clients loads the block's one copy of the round's model into every
+# client's learner: decoding it once saves a copy of the model's bytes per client.
+_decoded: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def decoded(array: Array) -> np.ndarray:
+    """``array.numpy()``, decoded once per Array object (never modify the result)."""
+    kept = _decoded.get(id(array))
+    if kept is not None and kept[0]() is array:
+        return kept[1]
+    values = array.numpy()
+    key = id(array)
+    # The entry goes when the Array does, so a new object reusing the id is decoded anew.
+    _decoded[key] = (weakref.ref(array, lambda _: _decoded.pop(key, None)), values)
+    return values
+
+
 def arrays_to_model(model: nn.Module, arrays: ArrayRecord) -> nn.Module:
     """Load an ArrayRecord into ``model`` in place, strictly (names and shapes must match)."""
-    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+    state = {name: torch.from_numpy(decoded(array)) for name, array in arrays.items()}
+    model.load_state_dict(state, strict=True)
     return model

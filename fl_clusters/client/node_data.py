@@ -23,7 +23,7 @@ from flwr.app import Context
 from torch.utils.data import TensorDataset
 
 from fl_clusters.client.queries import TEST_GROUPS
-from fl_clusters.config import parse_run_config, partition_settings
+from fl_clusters.config import cached_run_config, partition_settings
 from fl_clusters.data import ClientData, load_client_data, load_dataset
 from fl_clusters.data.client_data import train_mixture
 from fl_clusters.data.partition import cached_plan
@@ -92,7 +92,7 @@ def _forget_other_runs(context: Context) -> None:
 def client_data_for(context: Context, overrides: Mapping[str, Any] | None = None) -> ClientData:
     """This node's partition, kept while it is among the process's last :data:`NODES_KEPT`."""
     _forget_other_runs(context)
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    settings = cached_run_config({**context.run_config, **(overrides or {})})
     return _client_data(*_data_key(settings, context))
 
 
@@ -136,7 +136,7 @@ def learner_for(context: Context, overrides: Mapping[str, Any] | None = None) ->
     learner also sets this process's torch threads to the ``torch-threads`` key.
     """
     _forget_other_runs(context)
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    settings = cached_run_config({**context.run_config, **(overrides or {})})
     return _cached_learner(
         _data_key(settings, context),
         settings["model"],
@@ -167,7 +167,7 @@ def check_node(context: Context, overrides: Mapping[str, Any] | None = None) -> 
         (:class:`~fl_clusters.errors.FederationProblem`, shared by every node).
     """
     _forget_other_runs(context)
-    settings = parse_run_config({**context.run_config, **(overrides or {})})
+    settings = cached_run_config({**context.run_config, **(overrides or {})})
     dataset, data_root, partition_id, num_partitions, partition = _data_key(settings, context)
     data = load_dataset(dataset, data_root or None)
     plan = cached_plan(dataset, data_root or None, False, num_partitions, partition)
