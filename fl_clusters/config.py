@@ -140,6 +140,9 @@ COMMON_KEYS: tuple[Param, ...] = (
     Param("samples_per_client", 0, "int",
           "samples of its group each client gets, as IFCA's m x n split (0 = the data set "
           "split over the clients)", low=0, key="samples-per-client"),
+    Param("client_state_memory_mb", 2048.0, "float",
+          "logical clients' kept state (FedSoft's own models...) held in memory; the rest "
+          "goes to a temporary folder", low=0.0, key="client-state-memory-mb"),
     Param("report_clients", 1000, "int",
           "clients the final report scores, a seeded sample (0 = every client)", low=0,
           key="report-clients"),

@@ -34,12 +34,16 @@ from flwr.serverapp import Grid
 
 from fl_clusters import protocol as p
 from fl_clusters.block_messages import Block
+from fl_clusters.client_states import ClientStates
 from fl_clusters.handshake import NodeIdentities, identify_nodes
 
 # Most clients in one block message. A pool node serves its block's clients one
 # after another, and the block and its reply sit in memory whole (a model per
 # client in the reply): larger cohorts are cut into more blocks than pool nodes.
 BLOCK_CLIENTS_MAX = 64
+# Default of the clients' kept state held in memory (run-config key
+# client-state-memory-mb).
+STATE_MEMORY_BYTES = 2048 * 2**20
 # Pause between pulls of LogicalClientGrid.send_and_receive.
 PULL_PAUSE_S = 0.01
 
@@ -55,17 +59,21 @@ class LogicalClientGrid(Grid):
         Logical clients, ids ``0 .. num_clients - 1``.
     block_clients_max : int
         Most clients in one block message.
+    state_memory_bytes : int
+        Most bytes of the clients' kept state held in memory; the rest goes to a
+        temporary folder (:class:`~fl_clusters.client_states.ClientStates`).
     """
 
     def __init__(self, grid: Grid, num_clients: int,
-                 block_clients_max: int = BLOCK_CLIENTS_MAX) -> None:
+                 block_clients_max: int = BLOCK_CLIENTS_MAX,
+                 state_memory_bytes: int = STATE_MEMORY_BYTES) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         self._grid = grid
         self.num_clients = num_clients
         self.block_clients_max = block_clients_max
         # Client id -> what it keeps between rounds (its context.state), non-empty only.
-        self.states: dict[int, RecordDict] = {}
+        self.states = ClientStates(state_memory_bytes)
         # Logical message id -> the message (until its reply is handed out).
         self._sent: dict[str, Message] = {}
         # Block message id -> the logical message ids it carries, in order.
@@ -117,10 +125,10 @@ class LogicalClientGrid(Grid):
                                                  f"no logical client {client}")
             elif kind == p.QUERY_STATE:
                 self._ready[message_id] = Message(
-                    RecordDict(dict(self.states.get(client, RecordDict()).items())),
+                    RecordDict(dict((self.states.get(client) or RecordDict()).items())),
                     reply_to=msg)
             elif kind == p.QUERY_RESTORE:
-                self._keep_state(client, msg.content)
+                self.states.put(client, msg.content)
                 self._ready[message_id] = Message(RecordDict(), reply_to=msg)
             else:
                 to_push[kind].append(message_id)
@@ -205,20 +213,13 @@ class LogicalClientGrid(Grid):
         for position, (msg, message_id) in enumerate(zip(sent, chunk, strict=True)):
             client = clients[position]
             if block.states[position] is not None:
-                self._keep_state(client, block.states[position])  # type: ignore[arg-type]
+                self.states.put(client, block.states[position])  # type: ignore[arg-type]
             if position in block.errors:
                 code, reason = block.errors[position]
                 self._ready[message_id] = _error(msg, code, reason)
             else:
                 self._ready[message_id] = Message(block.contents[position] or RecordDict(),
                                                   reply_to=msg)
-
-    def _keep_state(self, client: int, state: RecordDict) -> None:
-        """Keep ``client``'s state (nothing for an empty one)."""
-        if len(state) > 0:
-            self.states[client] = state
-        else:
-            self.states.pop(client, None)
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

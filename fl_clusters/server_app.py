@@ -334,7 +334,9 @@ def _run_into(
     logical = settings["num-clients"] > 0
     pool = grid
     if logical:
-        grid = LogicalClientGrid(grid, settings["num-clients"])
+        grid = LogicalClientGrid(
+            grid, settings["num-clients"],
+            state_memory_bytes=int(settings["client-state-memory-mb"] * 2**20))
     metered = MeteredGrid(grid, settings["max-in-flight"] or None)
     strategy, nodes, identities = start_up(metered, settings, resumed,
                                            pool if logical else None)

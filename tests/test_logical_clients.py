@@ -23,6 +23,7 @@ from fl_clusters.block_messages import BLOCK, Block
 from fl_clusters.checkpoint import CHECKPOINT_FILE
 from fl_clusters.client.blocks import serve_block
 from fl_clusters.client_app import build_client_app
+from fl_clusters.client_states import ClientStates
 from fl_clusters.config import parse_run_config
 from fl_clusters.errors import ConfigurationError
 from fl_clusters.logical_grid import LogicalClientGrid
@@ -141,6 +142,20 @@ def test_the_grid_keeps_each_clients_state_for_checkpoints() -> None:
     assert reply.has_error() and "no pool node" in reply.error.reason
 
 
+def test_client_states_past_the_memory_budget_go_to_disk_and_come_back() -> None:
+    model = ArrayRecord([np.arange(1000.0)])  # 8,000 bytes
+    states = ClientStates(memory_bytes=20_000)
+    for client in range(5):
+        states.put(client, RecordDict({"local": model, "n": MetricRecord({"n": client})}))
+    assert len(states) == 5 and states.on_disk == 3 and states.bytes_in_memory <= 20_000
+    back = states.get(0)  # the oldest, read back from disk (and another one goes there)
+    assert back is not None and back["n"]["n"] == 0  # type: ignore[index]
+    np.testing.assert_array_equal(back["local"].to_numpy_ndarrays()[0], np.arange(1000.0))  # type: ignore[union-attr]
+    assert states.on_disk == 3 and states.bytes_in_memory <= 20_000
+    states.put(1, RecordDict())  # an empty state is no state
+    assert 1 not in states and states.get(1) is None and len(states) == 4
+
+
 class CountingPool(LoopbackGrid):
     """A LoopbackGrid pool that counts the messages pushed to it, per type."""
 
@@ -195,8 +210,11 @@ def test_same_seed_same_logical_run_and_a_sampled_report(tmp_path: Path) -> None
         np.testing.assert_array_equal(models[0][key], models[1][key], err_msg=key)
 
 
-@pytest.mark.parametrize("strategy", [{"strategy": "ifca"}, {"strategy": "fedsoft"}],
-                         ids=lambda s: s["strategy"])
+@pytest.mark.parametrize("strategy", [
+    {"strategy": "ifca"},
+    # Every kept model goes to disk and back.
+    {"strategy": "fedsoft", "client-state-memory-mb": 0.0},
+], ids=lambda s: s["strategy"])
 def test_a_resumed_logical_run_ends_like_the_uninterrupted_one(
     tmp_path: Path, strategy: dict[str, Any]
 ) -> None:
