@@ -32,16 +32,19 @@ def record_bytes(content: RecordDict) -> int:
     return sum(record.count_bytes() for record in content.values())
 
 
-def simulation_in_flight() -> int:
-    """The default message window in simulation: ``SIMULATION_IN_FLIGHT_PER_CORE``
-    times the CPU cores this process may run on (Flower's simulation runs its actors
-    on the same machine)."""
+def local_cores() -> int:
+    """The CPU cores this process may run on (Flower's simulation runs its actors on
+    the same machine, one CPU each by default)."""
     # sched_getaffinity honours CPU limits set on the process; it is Linux-only.
     if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
-    return SIMULATION_IN_FLIGHT_PER_CORE * cores
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def simulation_in_flight() -> int:
+    """The default message window in simulation: ``SIMULATION_IN_FLIGHT_PER_CORE``
+    times :func:`local_cores`."""
+    return SIMULATION_IN_FLIGHT_PER_CORE * local_cores()
 
 
 class MeteredGrid(Grid):

@@ -39,7 +39,7 @@ from fl_clusters.handshake import NodeIdentities, identify_nodes
 
 # Most clients in one block message. A pool node serves its block's clients one
 # after another, and the block and its reply sit in memory whole (a model per
-# client in the reply): larger cohorts are cut into more blocks than pool nodes.
+# client in the reply): larger cohorts are cut into more blocks.
 BLOCK_CLIENTS_MAX = 64
 # Default of the clients' kept state held in memory (run-config key
 # client-state-memory-mb).
@@ -62,16 +62,26 @@ class LogicalClientGrid(Grid):
     state_memory_bytes : int
         Most bytes of the clients' kept state held in memory; the rest goes to a
         temporary folder (:class:`~fl_clusters.client_states.ClientStates`).
+    workers : int | None
+        Pool nodes that compute at once (the simulation's actors); a send is cut
+        into this many blocks, or more to keep each within ``block_clients_max``,
+        and never more than the pool has nodes. Every further block costs a
+        message through Flower's dispatcher (about 30 ms on 2 cores,
+        docs/performance.md). ``None``: one block a pool node.
     """
 
     def __init__(self, grid: Grid, num_clients: int,
                  block_clients_max: int = BLOCK_CLIENTS_MAX,
-                 state_memory_bytes: int = STATE_MEMORY_BYTES) -> None:
+                 state_memory_bytes: int = STATE_MEMORY_BYTES,
+                 workers: int | None = None) -> None:
         if num_clients < 1:
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1 or None, got {workers}")
         self._grid = grid
         self.num_clients = num_clients
         self.block_clients_max = block_clients_max
+        self.workers = workers
         # Client id -> what it keeps between rounds (its context.state), non-empty only.
         self.states = ClientStates(state_memory_bytes)
         # Logical message id -> the message (until its reply is handed out).
@@ -144,8 +154,8 @@ class LogicalClientGrid(Grid):
                 self._ready[message_id] = _error(self._sent[message_id],
                                                  ErrorCode.NODE_UNAVAILABLE, "no pool node")
             return
-        count = max(min(len(pool), len(message_ids)),
-                    math.ceil(len(message_ids) / self.block_clients_max))
+        busy = min(len(pool), len(message_ids), self.workers or len(pool))
+        count = max(busy, math.ceil(len(message_ids) / self.block_clients_max))
         chunks = [message_ids[i::count] for i in range(count)]
         blocks = [self._block_message(chunk, pool[i % len(pool)])
                   for i, chunk in enumerate(chunks)]

@@ -30,7 +30,7 @@ from fl_clusters.config import RecipeOutcome, resolve_run_config
 from fl_clusters.data import DATASET_SHAPES
 from fl_clusters.errors import ConfigurationError, report_configuration_errors_in_one_line
 from fl_clusters.flower_log import log_client_errors_in_one_line
-from fl_clusters.grid import MeteredGrid
+from fl_clusters.grid import MeteredGrid, local_cores
 from fl_clusters.handshake import NodeIdentities, identify_federation
 from fl_clusters.logical_grid import LogicalClientGrid, logical_identities
 from fl_clusters.models import build_model, model_to_arrays
@@ -336,7 +336,8 @@ def _run_into(
     if logical:
         grid = LogicalClientGrid(
             grid, settings["num-clients"],
-            state_memory_bytes=int(settings["client-state-memory-mb"] * 2**20))
+            state_memory_bytes=int(settings["client-state-memory-mb"] * 2**20),
+            workers=local_cores())
     metered = MeteredGrid(grid, settings["max-in-flight"] or None)
     strategy, nodes, identities = start_up(metered, settings, resumed,
                                            pool if logical else None)
