@@ -83,6 +83,7 @@ class MeteredGrid(Grid):
         self.unanswered = 0
         # Every node id the grid ever listed, to tell joined and lost nodes apart.
         self.nodes_seen: set[int] = set()
+        self._listed_range = range(0)
 
     @property
     def bytes_sent(self) -> int:
@@ -109,7 +110,15 @@ class MeteredGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         """Delegate to the wrapped grid, remembering every node it lists."""
-        nodes = list(self._grid.get_node_ids())
+        nodes = self._grid.get_node_ids()
+        if isinstance(nodes, range):
+            # Logical clients (fl_clusters.logical_grid): the same ids every call, so
+            # they are remembered once, not walked again each time they are listed.
+            if nodes != self._listed_range:
+                self.nodes_seen.update(nodes)
+                self._listed_range = nodes
+            return nodes
+        nodes = list(nodes)
         self.nodes_seen.update(nodes)
         return nodes
 

@@ -147,7 +147,8 @@ class LogicalClientGrid(Grid):
         return ids
 
     def _push_blocks(self, message_ids: list[str]) -> None:
-        """Cut messages of one type into blocks, one pool node each, and push them."""
+        """Cut messages of one type into blocks (one per worker, at most
+        ``block_clients_max`` clients each) and push them to the pool's nodes in turn."""
         pool = self.pool_nodes()
         if not pool:
             for message_id in message_ids:
