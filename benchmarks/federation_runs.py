@@ -125,8 +125,11 @@ def read_summary(results_dir: str) -> dict[str, Any]:
     keys = ("wall_time_s", "bytes_sent", "bytes_received", "ari", "personalized_accuracy",
             "placement")
     rounds = (found[0].parent / "rounds.jsonl").read_text().splitlines()
+    # What the report's sample was (logical clients: report-clients of num-clients).
+    sample = {key: summary[key] for key in ("report_asked", "report_of") if key in summary}
     return {
         **{key: summary[key] for key in keys},
+        **sample,
         "round_s": [json.loads(line)["seconds"] for line in rounds],
     }
 
