@@ -26,6 +26,7 @@ from fl_clusters.client_app import build_client_app
 from fl_clusters.client_states import ClientStates
 from fl_clusters.config import parse_run_config
 from fl_clusters.errors import ConfigurationError
+from fl_clusters.fault_injection import FaultInjector, read_fault_log
 from fl_clusters.grid import local_cores
 from fl_clusters.logical_grid import LogicalClientGrid
 from fl_clusters.loopback import LoopbackGrid
@@ -233,6 +234,30 @@ def test_a_resumed_logical_run_ends_like_the_uninterrupted_one(
     models = [load_models(run["_folder"]) for run in (resumed, whole)]
     for key in models[0]:
         np.testing.assert_array_equal(models[0][key], models[1][key], err_msg=key)
+
+
+def test_faulty_logical_clients_lose_only_their_own_replies(tmp_path: Path) -> None:
+    """30 % of train and evaluate replies fail (raised errors, malformed replies): in a
+    block each fault is one client's, the run goes on and ends near the clean one."""
+    settings = {"num-clients": 24, "fraction-train": 1.0, "fraction-evaluate": 1.0,
+                "num-rounds": 4}
+    clean, _ = logical_run(tmp_path, **settings)
+    chaos_settings = parse_run_config({
+        "strategy": "ifca", "num-clusters": 2, "local-steps": 5, "seed": 2, "plots": False,
+        "results-dir": str(tmp_path / "chaos"), **settings})
+    log = tmp_path / "faults"
+    log.mkdir()
+    faults = FaultInjector(rate=0.3, seed=0, log_dir=str(log))
+    pool = CountingPool(build_client_app(chaos_settings, mods=[faults]), POOL, chaos_settings)
+    folder = run_federation(pool, chaos_settings)
+    chaos = json.loads((folder / "summary.json").read_text())
+    injected = read_fault_log(log)
+    # The injector saw each client's own message (a pool node's would name 3 nodes).
+    assert len({fault["node"] for fault in injected}) > 2 * POOL
+    assert 0 < chaos["rejected_replies"] <= len(injected)
+    assert len(chaos["per_client_accuracy"]) == 24
+    assert chaos["ari"] == clean["ari"] == pytest.approx(1.0)
+    assert abs(chaos["personalized_accuracy"] - clean["personalized_accuracy"]) <= 0.05
 
 
 def test_logical_clients_are_refused_outside_a_simulation(tmp_path: Path) -> None:
