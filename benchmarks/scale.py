@@ -20,10 +20,13 @@ row); each job records the provenance and machine load it was measured under.
     python benchmarks/scale.py [--clients 1000 3000 10000] [--sampled 100]
         [--strategies fedavg ifca] [--rounds 10] [--dataset fashion-mnist]
         [--data-root DIR] [--via flwr-run|simulation] [--out benchmarks/measured/scale.json]
-        [--run-config KEY=VALUE ...]
+        [--pool P] [--pfl-python .venv-pfl/bin/python] [--run-config KEY=VALUE ...]
 
 The default job is issue 46's: Fashion-MNIST in four rotation groups with a copy of
-the data set per group (IFCA's rotated set), the MLP, 10 rounds.
+the data set per group (IFCA's rotated set), the MLP, 10 rounds. ``--pool P``: the N
+clients are logical (run-config ``num-clients``) on a pool of P SuperNodes
+(docs/performance.md, "Clients that are not nodes"). ``--pfl-python``: then
+pfl-research runs the same N (benchmarks/pfl_peer.py, in a Python of its own).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import json
 import os
 import resource
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +62,7 @@ from fl_clusters.sweep.provenance import measurement_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "measured" / "scale.json"
+PFL_OUT = ROOT / "benchmarks" / "measured" / "scale-pfl.json"
 # Issue 46's job: rotation groups with a copy of the data set per group.
 JOB = {"cluster-structure": "rotation", "num-clusters": 4, "copy-per-group": True,
        "model": "mlp"}
@@ -218,6 +223,10 @@ def main() -> None:
                         help="logical clients (num-clients) on this many SuperNodes; "
                              "0 = a SuperNode a client")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--pfl-python", type=Path, default=None,
+                        help="a Python with pfl-research installed (benchmarks/pfl_peer.py): "
+                             "after these jobs, pfl runs the same N with 1 and 2 processes")
+    parser.add_argument("--pfl-out", type=Path, default=PFL_OUT)
     parser.add_argument("--run-config", nargs="*", default=[], metavar="KEY=VALUE",
                         help="more run-config keys for every job, as `flwr run --run-config` "
                              "reads them (e.g. validation-fraction=0.0 at 10,000 clients)")
@@ -238,6 +247,12 @@ def main() -> None:
             rows = [kept for kept in rows if job_key(kept) != job_key(row)] + [row]
             write_results(args.out, source, info, rows)
     print(markdown_table(rows))
+    if args.pfl_python is not None:
+        # The peer in the same run, on the same machine (issue 54): its own venv.
+        subprocess.run([str(args.pfl_python), str(ROOT / "benchmarks" / "pfl_peer.py"),
+                        "--users", *map(str, args.clients), "--sampled", str(args.sampled),
+                        "--rounds", str(args.rounds), "--processes", "1", "2",
+                        "--evaluate", "none", "--out", str(args.pfl_out)], check=True)
 
 
 def job_key(row: dict[str, Any]) -> str:
