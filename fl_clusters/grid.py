@@ -47,7 +47,33 @@ def simulation_in_flight() -> int:
     return SIMULATION_IN_FLIGHT_PER_CORE * local_cores()
 
 
-class MeteredGrid(Grid):
+class WrappingGrid(Grid):
+    """A Grid around another whose run and message creation stay the wrapped grid's.
+
+    Parameters
+    ----------
+    grid : Grid
+        The Grid to wrap.
+    """
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+
+    def set_run(self, run_id: int) -> None:  # type: ignore[override]
+        """Delegate to the wrapped grid."""
+        self._grid.set_run(run_id)
+
+    @property
+    def run(self):  # type: ignore[no-untyped-def]
+        """Delegate to the wrapped grid."""
+        return self._grid.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
+        """Delegate to the wrapped grid."""
+        return self._grid.create_message(*args, **kwargs)
+
+
+class MeteredGrid(WrappingGrid):
     """A Grid that counts the bytes of every message content it sends and receives.
 
     It wraps the Grid Flower hands the ServerApp, so it meters any strategy,
@@ -75,8 +101,8 @@ class MeteredGrid(Grid):
             raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
         if max_in_flight is None and isinstance(grid, InMemoryGrid):
             max_in_flight = simulation_in_flight()
+        super().__init__(grid)
         self.max_in_flight = max_in_flight
-        self._grid = grid
         self.sent: dict[int, int] = defaultdict(int)
         self.received: dict[int, int] = defaultdict(int)
         # Messages whose reply did not come before the timeout (late, or the node left).
@@ -94,19 +120,6 @@ class MeteredGrid(Grid):
     def bytes_received(self) -> int:
         """Bytes of all reply contents received."""
         return sum(self.received.values())
-
-    def set_run(self, run_id: int) -> None:  # type: ignore[override]
-        """Delegate to the wrapped grid."""
-        self._grid.set_run(run_id)
-
-    @property
-    def run(self):  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.create_message(*args, **kwargs)
 
     def get_node_ids(self) -> Iterable[int]:
         """Delegate to the wrapped grid, remembering every node it lists."""

@@ -35,6 +35,7 @@ from flwr.serverapp import Grid
 from fl_clusters import protocol as p
 from fl_clusters.block_messages import Block
 from fl_clusters.client_states import ClientStates
+from fl_clusters.grid import WrappingGrid
 from fl_clusters.handshake import NodeIdentities, identify_nodes
 
 # Most clients in one block message. A pool node serves its block's clients one
@@ -48,7 +49,7 @@ STATE_MEMORY_BYTES = 2048 * 2**20
 PULL_PAUSE_S = 0.01
 
 
-class LogicalClientGrid(Grid):
+class LogicalClientGrid(WrappingGrid):
     """A Grid whose node ids are ``num_clients`` logical clients, served by ``grid``'s nodes.
 
     Parameters
@@ -78,7 +79,7 @@ class LogicalClientGrid(Grid):
             raise ValueError(f"num_clients must be >= 1, got {num_clients}")
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1 or None, got {workers}")
-        self._grid = grid
+        super().__init__(grid)
         self.num_clients = num_clients
         self.block_clients_max = block_clients_max
         self.workers = workers
@@ -92,19 +93,6 @@ class LogicalClientGrid(Grid):
         # Block messages pushed to the pool, and client replies rejected with their block.
         self.block_messages = 0
         self.malformed_blocks = 0
-
-    def set_run(self, run_id: int) -> None:  # type: ignore[override]
-        """Delegate to the wrapped grid."""
-        self._grid.set_run(run_id)
-
-    @property
-    def run(self):  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # type: ignore[no-untyped-def]
-        """Delegate to the wrapped grid."""
-        return self._grid.create_message(*args, **kwargs)
 
     def get_node_ids(self) -> Iterable[int]:
         """The logical clients' ids."""
