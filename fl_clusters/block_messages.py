@@ -15,7 +15,6 @@ the records themselves are numbered ``"block/<j>"``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, RecordDict
@@ -123,9 +122,3 @@ def is_block(records: RecordDict) -> bool:
     """Whether a message content is a block of logical clients."""
     return BLOCK in records.config_records
 
-
-def block_of(clients: Sequence[int], contents: Sequence[RecordDict],
-             states: Sequence[RecordDict | None], num_clients: int) -> RecordDict:
-    """A block request's content: each client's content and kept state."""
-    return Block(list(clients), list(contents), list(states), num_clients=num_clients
-                 ).to_records()

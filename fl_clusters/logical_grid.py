@@ -90,8 +90,7 @@ class LogicalClientGrid(WrappingGrid):
         # Block message id -> the logical message ids it carries, in order.
         self._blocks: dict[str, list[str]] = {}
         self._ready: dict[str, Message] = {}
-        # Block messages pushed to the pool, and client replies rejected with their block.
-        self.block_messages = 0
+        # Block replies refused as malformed (their clients count as failed).
         self.malformed_blocks = 0
 
     def get_node_ids(self) -> Iterable[int]:
@@ -149,7 +148,6 @@ class LogicalClientGrid(WrappingGrid):
         blocks = [self._block_message(chunk, pool[i % len(pool)])
                   for i, chunk in enumerate(chunks)]
         block_ids = list(self._grid.push_messages(blocks))
-        self.block_messages += len(blocks)
         for block_id, chunk in zip(block_ids, chunks, strict=True):
             if block_id:
                 self._blocks[block_id] = chunk
